@@ -1,0 +1,246 @@
+"""Stage 5: container builds through the Docker SDK, one cached build per layer step.
+
+A step whose key exists in the engine (tag nodeforge-cache:<key>) is not rebuilt, so a no-op
+rebuild costs hashing and one inspect per step. Images build FROM other images of ours;
+independent images build in parallel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from . import bootstrap, engine, lock, resolver
+from .compose import compose
+from .dockerfile import label_fragment, step_dockerfile, write_context
+from .engine import CACHE_REPO, Progress, Timer, image_exists
+from .errors import BuildFailed
+from .load import Tree
+from .plan import BuildPlan, digest
+
+
+@dataclass
+class StepResult:
+    layer: str
+    key: str
+    status: str  # cached | built
+    seconds: float
+
+
+@dataclass
+class BuildResult:
+    image: str
+    plan: BuildPlan
+    ref: str  # the final image, tagged with every output tag
+    content_ref: str  # the last layer step (what child images build FROM)
+    id: str
+    size: int
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+    steps: list[StepResult] = field(default_factory=list)
+
+
+def step_ref(key: str) -> str:
+    return f"{CACHE_REPO}:{key}"
+
+
+def git_revision(root: Path) -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def git_source(root: Path) -> str:
+    try:
+        url = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        return url or "local"
+    except (OSError, subprocess.CalledProcessError):
+        return "local"
+
+
+def oci_labels(plan: BuildPlan, root: Path, base_name: str, base_digest: str) -> dict[str, str]:
+    created = datetime.fromtimestamp(plan.base.epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    layers = [{"name": s.layer, "key": s.key} for s in plan.steps]
+    return {
+        **plan.labels,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.revision": git_revision(root),
+        "org.opencontainers.image.source": git_source(root),
+        "org.opencontainers.image.version": plan.version,
+        "org.opencontainers.image.title": plan.image,
+        "org.opencontainers.image.description": plan.summary,
+        "org.opencontainers.image.base.name": base_name,
+        "org.opencontainers.image.base.digest": base_digest,
+        "io.nodeforge.image": plan.image,
+        "io.nodeforge.kind": plan.kind,
+        "io.nodeforge.config": plan.config or "",
+        "io.nodeforge.key": plan.key,
+        "io.nodeforge.layers": json.dumps(layers, separators=(",", ":")),
+    }
+
+
+def _engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path) -> None:
+    (context / "Dockerfile").write_text(dockerfile)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    error = None
+    with log.open("w") as f:
+        f.write(dockerfile + "\n----\n")
+        for chunk in c.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True):
+            if "stream" in chunk:
+                f.write(chunk["stream"])
+            if "error" in chunk:
+                error = chunk["error"]
+                f.write(f"ERROR: {error}\n")
+    if error:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise BuildFailed(f"engine build failed: {error.strip()}\n{tail}\n(full log: {log})")
+
+
+class Builder:
+    def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
+                 locked: bool = False, log_dir: Path | None = None) -> None:
+        self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
+        self.locked = locked
+        self.log_dir = log_dir or tree.root / "build" / "logs"
+        self.results: dict[str, BuildResult] = {}
+        self._lock = threading.Lock()
+        self._futures: dict[str, Future[BuildResult]] = {}
+
+    # --- planning -------------------------------------------------------------------------------
+    def plan(self, image: str) -> BuildPlan:
+        return compose(self.tree, image, self.config, self.sets)
+
+    def _ensure_locked(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> BuildPlan:
+        if self.locked:
+            current = lock.read(self.tree.root, plan.image)
+            fresh = resolver.resolve(c, plan, base_ref, self.progress)
+            changes = lock.diff(current, fresh)
+            if changes:
+                raise BuildFailed(f"--locked: resolution of {plan.image} differs from "
+                                  f"images/{plan.image}.lock:\n" + "\n".join(changes)
+                                  + f"\nrun `nodeforge lock {plan.image}` to accept the change")
+            return plan
+        if all(s.locked for s in plan.steps):
+            return plan
+        fresh = resolver.resolve(c, plan, base_ref, self.progress)
+        path = lock.write(self.tree.root, fresh)
+        self.progress.say(plan.image, f"lock written: {path.relative_to(self.tree.root)}")
+        return self.plan(plan.image)
+
+    # --- building -------------------------------------------------------------------------------
+    def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
+        order = self._closure(images)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            pending: dict[str, Future[BuildResult]] = {}
+
+            def submit(name: str) -> Future[BuildResult]:
+                if name in pending:
+                    return pending[name]
+                parent = self.tree.images[name].data["from"].get("image")
+                parent_future = submit(parent) if parent else None
+                pending[name] = pool.submit(self._build_after, name, parent_future)
+                return pending[name]
+
+            for name in order:
+                submit(name)
+            done, _ = wait(list(pending.values()), return_when=FIRST_EXCEPTION)
+            for fut in done:
+                exc = fut.exception()
+                if exc:
+                    for other in pending.values():
+                        other.cancel()
+                    raise exc
+            wait(list(pending.values()))
+            for fut in pending.values():
+                fut.result()
+        return [self.results[n] for n in order]
+
+    def _closure(self, images: list[str]) -> list[str]:
+        order: list[str] = []
+
+        def add(name: str) -> None:
+            parent = self.tree.images[name].data["from"].get("image")
+            if parent:
+                add(parent)
+            if name not in order:
+                order.append(name)
+
+        for i in images:
+            add(self.tree.image(i).name)
+        return order
+
+    def _build_after(self, name: str, parent: Future[BuildResult] | None) -> BuildResult:
+        parent_result = parent.result() if parent else None
+        return self.build_one(name, parent_result)
+
+    def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
+        c = engine.client()
+        plan = self.plan(name)
+        with Timer() as total:
+            if plan.base.kind == "debian":
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, name)
+                base_name, base_digest = base_ref, engine.inspect(c, base_ref)["Id"]
+            else:
+                assert parent is not None
+                base_ref = parent.content_ref
+                base_name, base_digest = parent.tags[0], parent.id
+                self.progress.say(name, f"base image {parent.image:<22} {parent.tags[0]}")
+            plan = self._ensure_locked(c, plan, base_ref)
+            results: list[StepResult] = []
+            ref = base_ref
+            n = len(plan.steps)
+            for i, step in enumerate(plan.steps, start=1):
+                tag = step_ref(step.key)
+                with Timer() as t:
+                    if image_exists(c, tag):
+                        status = "cached"
+                    else:
+                        self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ...")
+                        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                            write_context(step, Path(tmp))
+                            _engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
+                                          self.log_dir / name / f"{i:02d}-{step.layer}.log")
+                        status = "built"
+                self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s"
+                                  f"  {step.key[:12]}")
+                results.append(StepResult(step.layer, step.key, status, t.seconds))
+                ref = tag
+            content_ref = ref
+            labels = oci_labels(plan, self.tree.root, base_name, base_digest)
+            meta_key = digest({"content": plan.key, "labels": labels})
+            meta_ref = step_ref(meta_key)
+            if not image_exists(c, meta_ref):
+                with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                    _engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels), meta_ref,
+                                  self.log_dir / name / "labels.log")
+            for t_ in plan.tags:
+                repo, tg = engine.split_ref(t_)
+                c.api.tag(meta_ref, repo, tg)
+            info = engine.inspect(c, meta_ref)
+        built = sum(r.status == "built" for r in results)
+        self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
+                          f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")
+        result = BuildResult(name, plan, plan.tags[0], content_ref, info["Id"], info["Size"], plan.tags, labels,
+                             results)
+        with self._lock:
+            self.results[name] = result
+        return result
+
+
+def cleanup_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

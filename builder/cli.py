@@ -1,0 +1,231 @@
+"""The nodeforge command line. Exit codes: 0 ok, 1 a build or a test failed, 2 usage, definition or
+environment error (never a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import EXIT_USAGE, NodeforgeError
+
+
+def _tree(args: argparse.Namespace) -> Any:
+    from .load import load_tree
+
+    return load_tree(Path(args.root))
+
+
+def _root_for(image_arg: str, root: str | None) -> str:
+    if root:
+        return root
+    p = Path(image_arg)
+    if p.suffix in (".yaml", ".yml") and p.parent.name == "images":
+        return str(p.parent.parent)
+    return "."
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .compose import compose
+
+    tree = _tree(args)
+    problems = []
+    configs = [None, *tree.configs] if not args.config else [args.config]
+    for name in tree.images:
+        for cfg in configs:
+            try:
+                compose(tree, name, cfg, [])
+            except NodeforgeError as e:
+                problems.extend(p for p in e.problems if p not in problems)
+    if problems:
+        from .errors import DefinitionError
+
+        raise DefinitionError(problems)
+    print(f"ok: {len(tree.layers)} layers, {len(tree.images)} images, {len(tree.configs)} configs")
+    return 0
+
+
+def _sets(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    from .params import parse_sets
+
+    return parse_sets(args.set or [])
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .compose import compose
+    from .explain import explain
+
+    tree = _tree(args)
+    plan = compose(tree, args.image, args.config, _sets(args))
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2, default=str))
+    else:
+        print(explain(plan, provenance=args.explain))
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .bootstrap import base_ref, mmdebstrap_command
+    from .compose import compose
+    from .dockerfile import render
+
+    tree = _tree(args)
+    plan = compose(tree, args.image, args.config, _sets(args))
+    if plan.base.kind == "debian":
+        hint = base_ref(plan.base)
+        cmd = " ".join(mmdebstrap_command(plan.base, Path("base.tar")))
+        boot = ("#!/bin/sh\n# Recreates this image's base (bit-identical with the same SOURCE_DATE_EPOCH)\nset -e\n"
+                f"SOURCE_DATE_EPOCH={plan.base.epoch} {cmd}\n"
+                f"docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "
+                f"base.tar {hint}\n")
+    else:
+        parent = compose(tree, plan.base.image or "", args.config, _sets(args))
+        hint, boot = parent.tags[0], ""
+    render(plan, Path(args.dir), hint, boot, plan.labels)
+    print(f"wrote {args.dir}/Dockerfile ({len(plan.steps)} layers); build it with: "
+          f"docker build {'--build-arg BASE=' + hint + ' ' if boot else ''}{args.dir}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import Builder
+    from .engine import Progress
+
+    tree = _tree(args)
+    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked)
+    results = builder.build(args.images, jobs=args.jobs)
+    print("images:")
+    for r in results:
+        print(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from .build import Builder
+    from .engine import Progress
+
+    tree = _tree(args)
+    progress = Progress()
+    image = tree.image(args.image)
+    builder = Builder(tree, args.config, _sets(args), progress)
+    parent = image.data["from"].get("image")
+    if parent:
+        builder.build([parent], jobs=1)
+    from . import bootstrap, engine, lock, resolver
+
+    c = engine.client()
+    plan = builder.plan(image.name)
+    if plan.base.kind == "debian":
+        base_ref = bootstrap.ensure(c, plan.base, progress, image.name)
+    else:
+        base_ref = builder.results[plan.base.image or ""].content_ref
+    fresh = resolver.resolve(c, plan, base_ref, progress)
+    current = lock.read(tree.root, image.name)
+    changes = lock.diff(current, fresh)
+    if args.check:
+        if changes:
+            print("\n".join(changes))
+            return 1
+        print(f"{image.name}: lock is current")
+        return 0
+    path = lock.write(tree.root, fresh)
+    print("\n".join(changes) if changes else "no changes")
+    print(f"wrote {path.relative_to(tree.root)}")
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from .compose import compose
+    from .verify import run_tests
+
+    tree = _tree(args)
+    plan = compose(tree, args.image, args.config, _sets(args))
+    report = Path(args.report)
+    return run_tests(plan, report, boot=args.boot, tree=tree)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .schema import CONFIG, IMAGE, LAYER
+    from .schema_doc import document
+
+    table = {"layer": LAYER, "image": IMAGE, "config": CONFIG}
+    for name in (args.kind,) if args.kind else table:
+        print(document(name, table[name]))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodeforge", description="Build, verify and publish GPU node images and "
+                                "CUDA container base images from layered definitions.")
+    p.add_argument("--root", default=None, help="project tree (default: from the image path, else .)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser, image: bool = True) -> None:
+        sp.add_argument("--config", "-c", default=None, help="configs/<name>.yaml (name or path)")
+        sp.add_argument("--set", "-s", action="append", metavar="LAYER.PARAM=VALUE",
+                        help="override a parameter (highest precedence); repeatable")
+
+    sp = sub.add_parser("validate", help="check every layer, image and config")
+    sp.add_argument("--config", "-c", default=None)
+    sp.set_defaults(func=cmd_validate, image_arg=None)
+
+    sp = sub.add_parser("plan", help="show what an image will contain")
+    sp.add_argument("image")
+    common(sp)
+    sp.add_argument("--explain", action="store_true", help="say which layer, config or flag set every value")
+    sp.add_argument("--json", action="store_true", help="print the frozen build plan as JSON")
+    sp.set_defaults(func=cmd_plan)
+
+    sp = sub.add_parser("render", help="write a build context (Dockerfile and files) to DIR")
+    sp.add_argument("image")
+    sp.add_argument("dir")
+    common(sp)
+    sp.set_defaults(func=cmd_render)
+
+    sp = sub.add_parser("build", help="build images (and the images they build on)")
+    sp.add_argument("images", nargs="+")
+    common(sp)
+    sp.add_argument("-j", "--jobs", type=int, default=1, help="independent images built at once")
+    sp.add_argument("--locked", action="store_true", help="fail if package resolution would change the lock")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(func=cmd_build)
+
+    sp = sub.add_parser("lock", help="resolve every package to an exact version into images/<name>.lock")
+    sp.add_argument("image")
+    common(sp)
+    sp.add_argument("--check", action="store_true", help="exit 1 with a diff if the lock is not current")
+    sp.set_defaults(func=cmd_lock)
+
+    sp = sub.add_parser("test", help="run an image's tests; JUnit XML and JSON reports")
+    sp.add_argument("image")
+    common(sp)
+    sp.add_argument("--report", default="build/reports", help="directory for the reports")
+    sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
+    sp.set_defaults(func=cmd_test)
+
+    sp = sub.add_parser("schema", help="print the reference of every definition key")
+    sp.add_argument("kind", nargs="?", choices=["layer", "image", "config"])
+    sp.set_defaults(func=cmd_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    first = getattr(args, "image", None) or (getattr(args, "images", None) or [None])[0]
+    args.root = _root_for(first, args.root) if first else (args.root or ".")
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    try:
+        return int(args.func(args))
+    except NodeforgeError as e:
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The Docker Engine, through the docker SDK. DOCKER_HOST selects a remote engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import docker
+import docker.errors
+
+from .errors import EnvironmentProblem
+
+CACHE_REPO = "nodeforge-cache"
+BASE_REPO = "nodeforge-base"
+
+
+def client() -> docker.DockerClient:
+    try:
+        c = docker.from_env(version="auto", timeout=900)
+        c.ping()
+        return c
+    except Exception as e:
+        where = os.environ.get("DOCKER_HOST", "the local socket")
+        raise EnvironmentProblem(f"no Docker Engine answers at {where} ({type(e).__name__}); "
+                                 "run `make setup` or set DOCKER_HOST") from None
+
+
+def image_exists(c: docker.DockerClient, ref: str) -> bool:
+    try:
+        c.api.inspect_image(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def inspect(c: docker.DockerClient, ref: str) -> dict[str, Any]:
+    return c.api.inspect_image(ref)  # type: ignore[no-any-return]
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    repo, _, tag = ref.rpartition(":")
+    if not repo or "/" in tag:
+        return ref, "latest"
+    return repo, tag
+
+
+class Progress:
+    """One line per event, on stderr: which image, which step, cached or built, how long."""
+
+    def __init__(self, stream: Any = None, quiet: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.lock = threading.Lock()
+
+    def say(self, image: str, message: str) -> None:
+        if self.quiet:
+            return
+        with self.lock:
+            print(f"[{image}] {message}", file=self.stream, flush=True)
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.monotonic() - self.start
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start

@@ -1,0 +1,111 @@
+"""The BuildPlan: frozen, JSON-serialisable, every step with a content key."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PLAN_FORMAT = 1
+
+
+def digest(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Value:
+    """A merged value and where it came from."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    path: str  # destination inside the image
+    mode: str
+    owner: str
+    group: str
+    sha256: str
+    origin: str  # which layer file or contribution produced it
+    content: str | None = None  # rendered text; None for a static file copied from `source`
+    source: str | None = None  # absolute path of a static file
+
+
+@dataclass(frozen=True)
+class Test:
+    name: str
+    layer: str  # layer name, or "image:<name>"
+    scope: str
+    kind: str
+    spec: dict[str, Any]
+    requires: tuple[str, ...]
+    file: str
+    line: int | None
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    layer: str
+    summary: str
+    key: str
+    files: tuple[ContextFile, ...]
+    apply: str  # the layer's apply script (bash); empty when the layer only writes files
+    env: tuple[tuple[str, str], ...]
+    packages: tuple[str, ...]  # name=version where locked
+    locked: bool
+
+
+@dataclass(frozen=True)
+class Base:
+    kind: str  # "debian" or "image"
+    key: str
+    debian: dict[str, Any] | None  # suite, mirror, components, variant, include
+    image: str | None  # parent image name
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    format: int
+    image: str
+    kind: str
+    version: str
+    summary: str
+    config: str | None
+    base: Base
+    steps: tuple[LayerStep, ...]
+    tags: tuple[str, ...]
+    labels: dict[str, str]  # layer and image labels (the OCI ones are added at build time)
+    env: dict[str, Value]
+    params: dict[str, Value]  # layer.param -> value
+    sysctl: dict[str, Value]
+    kernel_args: tuple[Value, ...]
+    modules: tuple[Value, ...]
+    modprobe: dict[str, Value]  # module.option -> value
+    blacklist: tuple[Value, ...]
+    services_enabled: tuple[Value, ...]
+    services_disabled: tuple[Value, ...]
+    packages: dict[str, Value]  # name -> version (or "*" unlocked), source layer
+    files: dict[str, Value]  # path -> sha256, source
+    tests: tuple[Test, ...]
+    outputs: dict[str, Any]
+    inherited_layers: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        """Content key of the image's file system: the key of its last layer step."""
+        return self.steps[-1].key if self.steps else self.base.key
+
+    @property
+    def cmdline(self) -> str:
+        return " ".join(v.value for v in self.kernel_args)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["key"] = self.key
+        return data

@@ -1,0 +1,91 @@
+"""Package resolution for the lock: simulate each layer's installs on the image's real base,
+layer by layer, in one throwaway container."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import tarfile
+
+import docker
+
+from .engine import Progress, Timer
+from .errors import BuildFailed
+from .lock import Lock
+from .plan import BuildPlan
+
+_INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)")
+_MARK = "@@nodeforge-layer "
+
+
+def _script(plan: BuildPlan) -> str:
+    lines = ["set -e", "export DEBIAN_FRONTEND=noninteractive", "apt-get update -q >&2"]
+    cumulative: list[str] = []
+    for step in plan.steps:
+        names = [p.partition("=")[0] for p in step.packages]
+        cumulative += names
+        lines.append(f"echo {shlex.quote(_MARK + step.layer)}")
+        if cumulative:
+            pkgs = " ".join(shlex.quote(p) for p in cumulative)
+            lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' || true")
+            lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null || true")
+    return "\n".join(lines) + "\n"
+
+
+def _repo_files(plan: BuildPlan) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for step in plan.steps:
+            for f in step.files:
+                if f.path.startswith(("/etc/apt/", "/usr/share/keyrings/")):
+                    data = f.content.encode() if f.content is not None else open(f.source or "", "rb").read()
+                    info = tarfile.TarInfo(f.path.lstrip("/"))
+                    info.size, info.mode = len(data), int(f.mode, 8)
+                    tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Progress) -> Lock:
+    with Timer() as t:
+        container = c.containers.create(base_ref, ["bash", "-c", _script(plan)], labels={"io.nodeforge.role": "lock"})
+        try:
+            container.put_archive("/", _repo_files(plan))
+            container.start()
+            status = container.wait(timeout=900)
+            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            if status.get("StatusCode", 1) != 0:
+                err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+                raise BuildFailed(f"package resolution for {plan.image} failed:\n"
+                                  + "\n".join(err.splitlines()[-15:]))
+        finally:
+            container.remove(force=True)
+    layers: dict[str, dict[str, dict[str, str]]] = {}
+    seen: dict[str, str] = {}
+    current = None
+    per_layer: dict[str, dict[str, str]] = {}
+    have: dict[str, dict[str, str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith(_MARK):
+            current = line[len(_MARK):]
+            per_layer[current], have[current] = {}, {}
+        elif current and (m := _INST.match(line)):
+            per_layer[current][m.group(1)] = m.group(2)
+        elif current and line.startswith("Have "):
+            _, pkg, ver = line.split(" ", 2)
+            have[current][pkg] = ver
+    for step in plan.steps:
+        names = [p.partition("=")[0] for p in step.packages]
+        sim = per_layer.get(step.layer, {})
+        new = {k: v for k, v in sim.items() if k not in seen}
+        direct = {}
+        for n in names:
+            v = sim.get(n) or seen.get(n) or have.get(step.layer, {}).get(n)
+            if v is None:
+                raise BuildFailed(f"package {n!r} of layer {step.layer!r} did not resolve on {base_ref}; "
+                                  "check the name and the layer's repositories")
+            direct[n] = v
+        layers[step.layer] = {"direct": direct, "deps": {k: v for k, v in new.items() if k not in direct}}
+        seen.update(new)
+    progress.say(plan.image, f"resolved {len(seen)} packages in {t.seconds:.1f}s")
+    return Lock(plan.image, plan.base.key, layers)
