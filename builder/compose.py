@@ -202,7 +202,7 @@ def _test(t: dict[str, Any], owner: str, file: str, line: int | None, path: str,
     from .schema import ALLOWED_SCOPES, DEFAULT_SCOPE, TEST_KINDS
 
     kind = next((k for k in TEST_KINDS if t.get(k) is not None), None)
-    if kind is None or str(t.get("when", "true")).strip().lower() in ("", "false", "0", "no", "none"):
+    if kind is None or str(t.get("when") if t.get("when") is not None else "true").strip().lower() in ("", "false", "0", "no", "none"):
         return None
     scope = t.get("scope") or DEFAULT_SCOPE[kind]
     if scope not in ALLOWED_SCOPES[kind]:
