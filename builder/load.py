@@ -151,8 +151,9 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     except DefinitionError as e:
         out.problems.extend(e.problems)
         return None
+    before = len(out.problems)
     data = schema.validate(schema.LAYER, raw, rel, out)
-    if not data:
+    if not data or len(out.problems) > before:
         return None
     if data.get("name") and data["name"] != d.name:
         out.add(rel, line_of(raw, "name"), "name",
@@ -221,8 +222,9 @@ def load_tree(root: Path) -> Tree:
         except DefinitionError as e:
             out.problems.extend(e.problems)
             continue
+        before = len(out.problems)
         data = schema.validate(schema.IMAGE, raw, rel, out)
-        if not data:
+        if not data or len(out.problems) > before:
             continue
         if data.get("name") and data["name"] != path.stem:
             out.add(rel, line_of(raw, "name"), "name",
@@ -237,8 +239,9 @@ def load_tree(root: Path) -> Tree:
         except DefinitionError as e:
             out.problems.extend(e.problems)
             continue
+        before = len(out.problems)
         data = schema.validate(schema.CONFIG, raw, rel, out)
-        if not data:
+        if not data or len(out.problems) > before:
             continue
         if data.get("site") is None:
             data["site"] = schema.validate(schema.CONFIG.fields["site"].spec, LDict(), rel, out)
