@@ -32,7 +32,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .compose import compose
 
     tree = _tree(args)
-    problems = []
+    problems: list[Any] = []
     configs = [None, *tree.configs] if not args.config else [args.config]
     for name in tree.images:
         for cfg in configs:

@@ -11,8 +11,8 @@ from typing import Any
 
 from . import kargs, lock, sysctl
 from .errors import Collector
-from .load import Config, Image, Layer, Tree
-from .params import Setting, resolve_params
+from .load import Image, Layer, Tree
+from .params import resolve_params
 from .plan import PLAN_FORMAT, Base, BuildPlan, ContextFile, LayerStep, Test, Value, digest
 from .render import environment, render_file, render_string, render_tree
 from .resolve import resolve
@@ -202,7 +202,8 @@ def _test(t: dict[str, Any], owner: str, file: str, line: int | None, path: str,
     from .schema import ALLOWED_SCOPES, DEFAULT_SCOPE, TEST_KINDS
 
     kind = next((k for k in TEST_KINDS if t.get(k) is not None), None)
-    if kind is None or str(t.get("when") if t.get("when") is not None else "true").strip().lower() in ("", "false", "0", "no", "none"):
+    when = t.get("when")
+    if kind is None or (when is not None and str(when).strip().lower() in ("", "false", "0", "no", "none")):
         return None
     scope = t.get("scope") or DEFAULT_SCOPE[kind]
     if scope not in ALLOWED_SCOPES[kind]:

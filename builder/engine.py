@@ -37,7 +37,8 @@ def image_exists(c: docker.DockerClient, ref: str) -> bool:
 
 
 def inspect(c: docker.DockerClient, ref: str) -> dict[str, Any]:
-    return c.api.inspect_image(ref)  # type: ignore[no-any-return]
+    data: dict[str, Any] = c.api.inspect_image(ref)
+    return data
 
 
 def split_ref(ref: str) -> tuple[str, str]:

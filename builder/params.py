@@ -64,14 +64,14 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
         levels.append((lname, pname, value, f"--set {lname}.{pname}", None, "command line"))
 
     for lname, pname, value, source, line, file in levels:
-        layer = tree.layers.get(lname)
-        if layer is None:
+        found = tree.layers.get(lname)
+        if found is None:
             out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}",
                     "layers: " + ", ".join(sorted(tree.layers)))
             continue
-        param = layer.params.get(pname)
+        param = found.params.get(pname)
         if param is None:
-            known = ", ".join(f"{k} ({p.bounds()})" for k, p in layer.params.items()) or "none"
+            known = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
             out.add(file, line, f"{lname}.{pname}", f"layer {lname!r} has no parameter {pname!r}",
                     f"parameters of {lname}: {known}")
             continue

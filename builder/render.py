@@ -10,7 +10,6 @@ import jinja2
 
 from .errors import Collector
 
-
 # a list item that is exactly "{{ expr }}" and evaluates to a list is spliced into the list
 _WHOLE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 
@@ -67,7 +66,8 @@ def render_tree(env: jinja2.Environment, value: Any, context: dict[str, Any], ou
                 try:
                     spliced = env.compile_expression(m.group(1), undefined_to_none=False)(**context)
                 except Exception as e:
-                    out.add(file, line, f"{path}[{i}]", _explain(e), "parameters in scope: " + ", ".join(sorted(context)))
+                    out.add(file, line, f"{path}[{i}]", _explain(e),
+                            "parameters in scope: " + ", ".join(sorted(context)))
                     continue
                 if isinstance(spliced, list | tuple):
                     items.extend(str(x) for x in spliced)

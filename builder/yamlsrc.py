@@ -18,11 +18,11 @@ class Located:
     key_lines: dict[Any, int]
 
 
-class LDict(dict, Located):  # type: ignore[type-arg]
+class LDict(dict, Located):  # type: ignore[type-arg,unused-ignore]
     pass
 
 
-class LList(list, Located):  # type: ignore[type-arg]
+class LList(list, Located):  # type: ignore[type-arg,unused-ignore]
     pass
 
 
@@ -61,7 +61,7 @@ def _loader(file: str) -> type[yaml.SafeLoader]:
 
 def load_text(text: str, file: str) -> Any:
     try:
-        return yaml.load(text, Loader=_loader(file))  # noqa: S506 - SafeLoader subclass
+        return yaml.load(text, Loader=_loader(file))
     except _DuplicateKey as e:
         raise DefinitionError([Problem(file, e.line, str(e.key),
                                        f"duplicate key (first set on line {e.first})",

@@ -30,7 +30,8 @@ def test_default_plan_has_the_corrected_kernel_args(tree) -> None:  # type: igno
 
 
 def test_precedence_default_config_image_cli(scratch_tree: Path) -> None:
-    write(scratch_tree, "configs/site.yaml", "name: site\nsummary: s\nparams:\n  sysctl: {swappiness: 5, dirty_ratio: 20}\n")
+    write(scratch_tree, "configs/site.yaml",
+          "name: site\nsummary: s\nparams:\n  sysctl: {swappiness: 5, dirty_ratio: 20}\n")
     img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - sysctl\n", "  - sysctl: {swappiness: 7}\n")
     write(scratch_tree, "images/gpu-node.yaml", img)
     t = load_tree(scratch_tree)

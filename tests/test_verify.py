@@ -30,7 +30,8 @@ tests:
   - {name: env passes, env: {name: CHECKS_MODE, value: strict}}
   - {name: env fails, env: {name: CHECKS_MODE, value: lax}}
   - {name: label passes, label: {name: org.example.team, value: gpu-infra}}
-  - {name: command passes, command: {run: "echo hello; echo oops >&2", stdout: {equals: hello}, stderr: {contains: [oops]}}}
+  - name: command passes
+    command: {run: "echo hello; echo oops >&2", stdout: {equals: hello}, stderr: {contains: [oops]}}
   - {name: command exit fails, command: {run: "exit 3"}}
   - {name: command times out, command: {run: "sleep 30", timeout: 2}}
   - {name: command in container sees file, scope: container, file: {path: /etc/checks.conf, mode: "0640"}}
