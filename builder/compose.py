@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+
+import jinja2
+import jinja2.meta
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +144,8 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
     for index, name in enumerate(resolved.order, start=1):
         layer = tree.layers[name]
         ctx = {**all_params[name], "params": all_params, "site": site, "image": image_ctx}
-        step, layer_tests = _layer_step(layer, index + len(inherited), ctx, merged, parent_key, locked, out)
+        step, layer_tests = _layer_step(layer, index + len(inherited), ctx, settings[name], merged, parent_key,
+                                        locked, out)
         if step is None:
             continue
         steps.append(step)
@@ -218,8 +222,19 @@ def _mode(m: str) -> str:
     return m if len(m) == 4 else "0" + m
 
 
-def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], merged: Merged, parent_key: str,
-                locked: lock.Lock | None, out: Collector) -> tuple[LayerStep | None, list[Test]]:
+def _via(env: Any, raw: Any, layer: str, settings: dict[str, Setting]) -> str:
+    """Which parameters a template used, and where their values came from: provenance through templates."""
+    if not isinstance(raw, str) or "{{" not in raw:
+        return ""
+    try:
+        names = jinja2.meta.find_undeclared_variables(env.parse(raw))
+    except jinja2.TemplateSyntaxError:
+        return ""
+    return "".join(f" via {layer}.{n} <- {settings[n].source}" for n in sorted(names) if n in settings)
+
+
+def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], settings: dict[str, Setting], merged: Merged,
+                parent_key: str, locked: lock.Lock | None, out: Collector) -> tuple[LayerStep | None, list[Test]]:
     d = layer.data
     env = environment(layer.dir / "files")
     file, name = layer.file, layer.name
@@ -292,7 +307,8 @@ def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], merged: Merged, p
         if problem:
             out.add(file, line, f"sysctl.{key}", problem[0], problem[1], "sysctl/shape")
             continue
-        merged.scalar(merged.sysctl, "sysctl", key, Value(text, _source(layer, "sysctl", key)), file, line)
+        merged.scalar(merged.sysctl, "sysctl", key,
+                      Value(text, _source(layer, "sysctl", key) + _via(env, raw_value, name, settings)), file, line)
         sysctl_lines.append(f"{key} = {text}")
     if sysctl_lines:
         add_file(f"/etc/sysctl.d/90-nodeforge-{name}.conf",
@@ -301,16 +317,16 @@ def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], merged: Merged, p
 
     # kernel
     k = d["kernel"]
-    args = r(k["args"], "kernel", "args")
     good_args = []
-    for i, arg in enumerate(args):
+    for i, raw_arg in enumerate(k["args"]):
         line = layer.line("kernel", "args", i)
-        problem = kargs.check(arg)
-        if problem:
-            out.add(file, line, f"kernel.args[{i}]", f"{arg!r}: {problem[0]}", problem[1], "kernel-arg/known")
-            continue
-        merged.karg(arg, _source(layer, "kernel", "args", i), file, line)
-        good_args.append(arg)
+        for arg in render_tree(env, [raw_arg], ctx, out, file, line, f"kernel.args[{i}]"):
+            problem = kargs.check(arg)
+            if problem:
+                out.add(file, line, f"kernel.args[{i}]", f"{arg!r}: {problem[0]}", problem[1], "kernel-arg/known")
+                continue
+            merged.karg(arg, _source(layer, "kernel", "args", i) + _via(env, raw_arg, name, settings), file, line)
+            good_args.append(arg)
     if good_args:
         add_file(f"/etc/nodeforge/kernel-cmdline.d/{name}.conf",
                  f"# nodeforge layer {name}: kernel arguments\n" + "\n".join(good_args) + "\n",
@@ -343,7 +359,8 @@ def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], merged: Merged, p
                     continue
             text = sysctl.normalise(value)
             merged.scalar(merged.modprobe, "kernel.modprobe", f"{module}.{opt}",
-                          Value(text, _source(layer, "kernel", "modprobe", module, opt)), file, line)
+                          Value(text, _source(layer, "kernel", "modprobe", module, opt)
+                                + _via(env, raw, name, settings)), file, line)
             opts.append(f"{opt}={text}")
         if opts:
             modprobe_lines.append(f"options {module} {' '.join(opts)}")
