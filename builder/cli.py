@@ -147,6 +147,15 @@ def cmd_test(args: argparse.Namespace) -> int:
     return run_tests(plan, report, boot=args.boot, tree=tree)
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from . import engine
+    from .diff import diff
+
+    lines = diff(engine.client(), args.a, args.b, all_files=args.all)
+    print("\n".join(lines))
+    return 0 if len(lines) == 2 else 1
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from .schema import CONFIG, IMAGE, LAYER
     from .schema_doc import document
@@ -205,6 +214,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--report", default="build/reports", help="directory for the reports")
     sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
     sp.set_defaults(func=cmd_test)
+
+    sp = sub.add_parser("diff", help="what changed between two built images (packages, sysctl, kernel "
+                        "arguments, modules, services, env, labels, files); exit 1 when they differ")
+    sp.add_argument("a", help="image tag or id")
+    sp.add_argument("b", help="image tag or id")
+    sp.add_argument("--all", action="store_true", help="list every changed file")
+    sp.set_defaults(func=cmd_diff)
 
     sp = sub.add_parser("schema", help="print the reference of every definition key")
     sp.add_argument("kind", nargs="?", choices=["layer", "image", "config"])

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-
-import jinja2
-import jinja2.meta
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
 from . import kargs, lock, sysctl
 from .errors import Collector
 from .load import Image, Layer, Tree
-from .params import resolve_params
+from .params import Setting, resolve_params
 from .plan import PLAN_FORMAT, Base, BuildPlan, ContextFile, LayerStep, Test, Value, digest
 from .render import environment, render_file, render_string, render_tree
 from .resolve import resolve

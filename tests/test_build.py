@@ -170,3 +170,18 @@ def test_gpu_node_image_is_built_with_oci_labels(built_gpu_node, docker_client) 
 def run_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(tree), *args],
                           capture_output=True, text=True, cwd=ROOT)
+
+
+def test_diff_between_two_builds(docker_client, tiny_tree: Path, built_gpu_node) -> None:  # type: ignore[no-untyped-def]
+    build(tiny_tree, "tiny")
+    same = subprocess.run([sys.executable, "-m", "builder.cli", "diff", built_gpu_node.ref, built_gpu_node.ref],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert same.returncode == 0 and len(same.stdout.splitlines()) == 2
+    proc = subprocess.run([sys.executable, "-m", "builder.cli", "diff", "nodeforge-test/tiny:1.0", built_gpu_node.ref],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert "+ vm.swappiness 1" in out and "+ iommu=pt" in out and "+ blacklist nouveau" in out
+    assert "+ prometheus-node-exporter " in out
+    assert "multi-user.target.wants/prometheus-node-exporter.service" in out
+    assert "+ etc/default/prometheus-node-exporter 0644/" in out
