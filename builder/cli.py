@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     plan = compose(tree, args.image, args.config, _sets(args))
     if plan.base.kind == "debian":
         hint = base_ref(plan.base)
-        cmd = " ".join(mmdebstrap_command(plan.base, Path("base.tar")))
+        cmd = shlex.join(mmdebstrap_command(plan.base, Path("base.tar")))
         boot = ("#!/bin/sh\n# Recreates this image's base (bit-identical with the same SOURCE_DATE_EPOCH)\nset -e\n"
                 f"SOURCE_DATE_EPOCH={plan.base.epoch} {cmd}\n"
                 f"docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "
