@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -70,13 +71,13 @@ def test_second_build_rebuilds_nothing(docker_client, tiny_tree: Path) -> None: 
 
 def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
     (first,) = build(tiny_tree, "tiny")
-    (tiny_tree / "layers" / "t2" / "files" / "t2.txt").write_text("t2 changed")
-    (tiny_tree / "layers" / "t2" / "layer.yaml").write_text(small_layer("t2", "t2 changed"))
+    changed = f"t2 changed {uuid.uuid4().hex}"  # a content this engine has never built
+    (tiny_tree / "layers" / "t2" / "files" / "t2.txt").write_text(changed)
+    (tiny_tree / "layers" / "t2" / "layer.yaml").write_text(small_layer("t2", changed))
     try:
         (second,) = build(tiny_tree, "tiny")
         assert statuses(second) == {"base": "cached", "t1": "cached", "t2": "built", "t3": "built"}
-        out = docker_client.containers.run(second.ref, ["cat", "/etc/t2.txt"], remove=True)
-        assert out == b"t2 changed"
+        assert cat(second.ref, "/etc/t2.txt") == changed
         assert first.steps[1].key == second.steps[1].key and first.steps[2].key != second.steps[2].key
     finally:
         (tiny_tree / "layers" / "t2" / "files" / "t2.txt").write_text("t2")
@@ -92,7 +93,7 @@ def test_labels_and_image_dag(docker_client, tiny_tree: Path) -> None:  # type: 
     assert labels["org.opencontainers.image.base.name"] == "nodeforge-test/tiny:1.0"
     assert labels["org.opencontainers.image.base.digest"] == parent.id
     assert [x["name"] for x in json.loads(labels["io.nodeforge.layers"])] == ["child"]
-    assert docker_client.containers.run(child.ref, ["cat", "/etc/t1.txt", "/etc/child.txt"], remove=True) == b"t1child"
+    assert cat(child.ref, "/etc/t1.txt", "/etc/child.txt") == "t1child"
     env = docker_client.images.get(child.ref).attrs["Config"]["Env"]
     assert "CHILD=yes" in env
 
@@ -148,7 +149,7 @@ def test_rendered_context_builds_with_plain_docker(docker_client, tiny_tree: Pat
     b = subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE=nodeforge-base:{base.key}", "-t", tag,
                         str(out)], capture_output=True, text=True, env=env)
     assert b.returncode == 0, b.stderr
-    assert docker_client.containers.run(tag, ["cat", "/etc/t3.txt"], remove=True) == b"t3"
+    assert cat(tag, "/etc/t3.txt") == "t3"
     docker_client.images.remove(tag, force=True)
 
 
@@ -165,6 +166,11 @@ def test_gpu_node_image_is_built_with_oci_labels(built_gpu_node, docker_client) 
     for key in ("created", "revision", "source", "version", "base.name", "base.digest"):
         assert labels[f"org.opencontainers.image.{key}"]
     assert labels["io.nodeforge.key"] == built_gpu_node.plan.key
+
+
+def cat(ref: str, *paths: str) -> str:
+    return subprocess.run(["docker", "run", "--rm", ref, "cat", *paths], capture_output=True, text=True,
+                          check=True).stdout
 
 
 def run_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
