@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from . import bootstrap, engine, lock, resolver
+from . import bootstrap, engine, lock, rebuild, resolver
 from .compose import compose
 from .dockerfile import label_fragment, step_dockerfile, write_context
 from .engine import CACHE_REPO, Progress, Timer, image_exists
@@ -34,6 +34,7 @@ class StepResult:
     key: str
     status: str  # cached | built
     seconds: float
+    reason: str = ""  # why it was built
 
 
 @dataclass
@@ -204,13 +205,18 @@ class Builder:
             results: list[StepResult] = []
             ref = base_ref
             n = len(plan.steps)
+            state = rebuild.State(self.tree.root, name)
+            parent_key, parent_name = plan.base.key, "the base"
             for i, step in enumerate(plan.steps, start=1):
                 tag = step_ref(step.key)
+                fp = rebuild.fingerprint(step, parent_key, parent_name)
+                why = ""
                 with Timer() as t:
                     if image_exists(c, tag):
                         status = "cached"
                     else:
-                        self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ...")
+                        why = rebuild.reason(state.previous(step.layer), fp)
+                        self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
                         with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
                             write_context(step, Path(tmp))
                             _engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
@@ -218,8 +224,10 @@ class Builder:
                         status = "built"
                 self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s"
                                   f"  {step.key[:12]}")
-                results.append(StepResult(step.layer, step.key, status, t.seconds))
-                ref = tag
+                results.append(StepResult(step.layer, step.key, status, t.seconds, why))
+                state.record(step.layer, fp)
+                ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
+            state.save()
             content_ref = ref
             labels = oci_labels(plan, self.tree.root, base_name, base_digest)
             meta_key = digest({"content": plan.key, "labels": labels})

@@ -77,6 +77,8 @@ def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client, ti
     try:
         (second,) = build(tiny_tree, "tiny")
         assert statuses(second) == {"base": "cached", "t1": "cached", "t2": "built", "t3": "built"}
+        assert second.steps[2].reason == "changed: files /etc/t2.txt"
+        assert second.steps[3].reason == "changed: after layer t2"
         assert cat(second.ref, "/etc/t2.txt") == changed
         assert first.steps[1].key == second.steps[1].key and first.steps[2].key != second.steps[2].key
     finally:
