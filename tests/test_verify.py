@@ -18,6 +18,12 @@ CHECKS = """name: checks
 summary: checks that pass and checks that fail, on purpose
 files:
   - {path: /etc/checks.conf, content: "alpha=1\\n", mode: "0640"}
+  - {path: /etc/gpuops.conf, content: "owned\\n", mode: "0600", owner: gpuops, group: gpuops}
+users:
+  - {name: gpuops, uid: 1500, system: false}
+steps:
+  - name: record the build step
+    run: echo "step ran as $(id -un)" > /etc/checks-step.txt
 env: {CHECKS_MODE: strict}
 labels: {org.example.team: gpu-infra}
 tests:
@@ -25,6 +31,9 @@ tests:
   - {name: file content fails, file: {path: /etc/checks.conf, content: {contains: [beta=2]}}}
   - {name: file mode fails, file: {path: /etc/checks.conf, mode: "0644"}}
   - {name: absent file passes, file: {path: /etc/shadow-key.pem, exists: false}}
+  - {name: owner from users passes, file: {path: /etc/gpuops.conf, mode: "0600", owner: gpuops, group: gpuops}}
+  - {name: step ran, file: {path: /etc/checks-step.txt, content: {equals: step ran as root}}}
+  - {name: command as user, command: {run: id -u, user: gpuops, stdout: {equals: "1500"}}}
   - {name: package passes, package: {name: ca-certificates}}
   - {name: missing package fails, package: {name: cowsay}}
   - {name: env passes, env: {name: CHECKS_MODE, value: strict}}
@@ -76,7 +85,8 @@ def test_failing_checks_fail_with_reasons(checked: Path, tmp_path: Path) -> None
     by = {r["name"]: r for r in data["results"]}
     expect = {
         "file passes": "passed", "file content fails": "failed", "file mode fails": "failed",
-        "absent file passes": "passed", "package passes": "passed", "missing package fails": "failed",
+        "absent file passes": "passed", "owner from users passes": "passed", "step ran": "passed",
+        "command as user": "passed", "package passes": "passed", "missing package fails": "failed",
         "env passes": "passed", "env fails": "failed", "label passes": "passed", "command passes": "passed",
         "command exit fails": "failed", "command times out": "failed", "command in container sees file": "passed",
         "needs a gpu": "skipped", "boot only": "not-run",
