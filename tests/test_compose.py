@@ -156,3 +156,20 @@ def test_good_kernel_args(arg: str) -> None:
                                          ("swappiness", False), ("vm..x", False), ("foo.bar", False)])
 def test_sysctl_key_shape(key: str, ok: bool) -> None:
     assert (sysctl.check_key(key) is None) is ok
+
+
+def test_the_project_tree_validates(capsys) -> None:  # type: ignore[no-untyped-def]
+    from builder.cli import main
+
+    assert main(["validate"]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_schema_reference_lists_every_layer_key(capsys) -> None:  # type: ignore[no-untyped-def]
+    from builder.cli import main
+    from builder.schema import LAYER
+
+    assert main(["schema", "layer"]) == 0
+    out = capsys.readouterr().out
+    for key in LAYER.fields:
+        assert f"  {key} " in out
