@@ -230,11 +230,15 @@ class Builder:
             state.save()
             content_ref = ref
             labels = oci_labels(plan, self.tree.root, base_name, base_digest)
-            meta_key = digest({"content": plan.key, "labels": labels})
+            meta_inputs: dict[str, Any] = {"content": plan.key, "labels": labels}
+            user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
+            if user:
+                meta_inputs["user"] = plan.user
+            meta_key = digest(meta_inputs)
             meta_ref = step_ref(meta_key)
             if not image_exists(c, meta_ref):
                 with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
-                    _engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels), meta_ref,
+                    _engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
                                   self.log_dir / name / "labels.log")
             for t_ in plan.tags:
                 repo, tg = engine.split_ref(t_)

@@ -20,6 +20,7 @@ from .plan import PLAN_FORMAT, Base, BuildPlan, ContextFile, LayerStep, Test, Va
 from .render import environment, render_file, render_string, render_tree
 from .resolve import resolve
 
+WHEEL_TOOL = "unzip"  # installed for the wheels of a layer and removed in the same step
 APT_INSTALL = ("apt-get install -y -q --no-install-recommends "
                "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 
@@ -181,7 +182,7 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
         modprobe=dict(merged.modprobe), blacklist=tuple(merged.blacklist.values()),
         services_enabled=tuple(merged.enabled.values()), services_disabled=tuple(merged.disabled.values()),
         packages=dict(merged.packages), files=dict(merged.files), tests=tuple(tests),
-        outputs=dict(image.data["outputs"]), inherited_layers=inherited,
+        outputs=dict(image.data["outputs"]), inherited_layers=inherited, user=image.data.get("user"),
     )
 
 
@@ -410,15 +411,32 @@ def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], settings: dict[st
                     f"expected a Debian package name, found {p!r}",
                     "give the name only; versions come from the lock file")
     packages = [p for p in packages if p not in merged.packages]
-    pinned, is_locked = lock.pins(locked, name, packages)
+    # wheels: fetched and checked against the lock's sha256, unpacked with unzip (a build-only tool)
+    wheel_reqs = [w for w in r(d["packages"]["pip"], "packages", "pip") if w]
+    wheel_target = render_string(env, d["packages"]["pip-target"], ctx, out, file,
+                                 layer.line("packages", "pip-target"), "packages.pip-target") or ""
+    build_only = [WHEEL_TOOL] if wheel_reqs and WHEEL_TOOL not in packages else []
+    pinned, is_locked = lock.pins(locked, name, packages + build_only)
     for i, p in enumerate(packages):
         merged.packages[p] = Value(pinned[i].partition("=")[2] or "*", _source(layer, "packages", "apt"))
+    locked_wheels = lock.wheels(locked, name)
+    if wheel_reqs:
+        is_locked = is_locked and lock.wheels_locked(locked, name, wheel_reqs)
+        for w, info in locked_wheels.items():
+            merged.packages[f"pip:{w}"] = Value(info["version"], _source(layer, "packages", "pip"))
+    entrypoint = r(d["entrypoint"], "entrypoint") if d.get("entrypoint") is not None else None
 
     if len(out.problems) > before:
         return None, []
 
-    apply = _apply_script(layer, pinned, d["packages"]["hold"], d["users"], files, d["services"],
-                          d["steps"], env, ctx, out)
+    holds = r(d["packages"]["hold"], "packages", "hold")
+    for i, p in enumerate(holds):
+        if PKG.pattern and not __import__("re").fullmatch(PKG.pattern, p):
+            out.add(file, layer.line("packages", "hold", i), f"packages.hold[{i}]",
+                    f"expected a Debian package name, found {p!r}", "give the name of a package the layer installs")
+    apply = _apply_script(layer, pinned, holds, d["users"], files, d["services"],
+                          d["steps"], env, ctx, out, wheels=locked_wheels if wheel_reqs else None,
+                          wheel_target=wheel_target, build_only=pinned[len(packages):])
     tests = []
     for i, t in enumerate(d["tests"]):
         rendered = r(t, "tests", i)
@@ -430,18 +448,47 @@ def _layer_step(layer: Layer, index: int, ctx: dict[str, Any], settings: dict[st
         "files": [(f.path, f.mode, f.owner, f.group, f.sha256) for f in files],
         "locked": lock.entry(locked, name),
     }
+    if wheel_reqs:  # only where used: the keys of layers without these stay as they were
+        key_inputs["wheels"] = {"requirements": wheel_reqs, "target": wheel_target, "locked": locked_wheels}
+    if entrypoint is not None:
+        key_inputs["entrypoint"] = entrypoint
     step = LayerStep(name, d["summary"], digest(key_inputs), tuple(files), apply, tuple(env_items),
-                     tuple(pinned), is_locked)
+                     tuple(pinned), is_locked, tuple(wheel_reqs),
+                     tuple(entrypoint) if entrypoint is not None else None)
     return step, tests
+
+
+def _wheel_lines(wheels: dict[str, dict[str, str]], target: str, build_only: list[str]) -> list[str]:
+    """Download each locked wheel, check its sha256, unpack it into the target; no pip in the image."""
+    if not wheels:
+        return ["# wheels: not locked yet (`nodeforge lock` resolves them)"]
+    tmp = "/tmp/nodeforge-wheels"
+    lines = ["# wheels (exact versions and sha256 from the lock file; unpacked, no pip in the image)",
+             f"install -d -m 0777 {tmp}", f"install -d -m 0755 {shlex.quote(target)}"]
+    for name, w in sorted(wheels.items()):
+        file = f"{tmp}/{w['url'].rsplit('/', 1)[-1].split('#')[0]}"
+        lines += [f"# {name} {w['version']}",
+                  f"/usr/lib/apt/apt-helper -q download-file {shlex.quote(w['url'])} {shlex.quote(file)} "
+                  f"SHA256:{w['sha256']}",
+                  f"echo {shlex.quote(w['sha256'] + '  ' + file)} | sha256sum --check --quiet",
+                  f"unzip -q -o {shlex.quote(file)} -d {shlex.quote(target)}", f"rm -f {shlex.quote(file)}"]
+    lines.append(f"rm -rf {tmp}")
+    if build_only:
+        names = " ".join(p.partition("=")[0] for p in build_only)
+        lines.append(f"apt-get purge -y -q --auto-remove {names}  # build-only: unpacks the wheels")
+    return lines
 
 
 def _apply_script(layer: Layer, packages: list[str], holds: list[str], users: list[dict[str, Any]],
                   files: list[ContextFile], services: dict[str, list[str]], steps: list[dict[str, Any]],
-                  env: Any, ctx: dict[str, Any], out: Collector) -> str:
+                  env: Any, ctx: dict[str, Any], out: Collector, wheels: dict[str, dict[str, str]] | None = None,
+                  wheel_target: str = "", build_only: list[str] | None = None) -> str:
     lines: list[str] = []
     if packages:
         lines += ["# packages (versions from the lock file)", "apt-get update -q",
                   f"{APT_INSTALL} \\\n    " + " \\\n    ".join(shlex.quote(p) for p in packages)]
+    if wheels is not None and (wheels or layer.data["packages"]["pip"]):
+        lines += _wheel_lines(wheels, wheel_target, build_only or [])
     if holds:
         lines += ["apt-mark hold " + " ".join(holds)]
     if packages:

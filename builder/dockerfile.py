@@ -29,6 +29,9 @@ def fragment(step: LayerStep, prefix: str) -> str:
         lines.append(f'RUN ["/bin/bash", "{APPLY_DIR}/{step.layer}.sh"]')
     if step.env:
         lines.append("ENV " + " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in step.env))
+    if step.entrypoint is not None:
+        # exec form; CMD is reset by ENTRYPOINT, so the entrypoint itself defaults to a shell
+        lines.append(f"ENTRYPOINT {json.dumps(list(step.entrypoint))}")
     if len(lines) == 2:
         lines.append("# (nothing to do)")
     return "\n".join(lines) + "\n"
@@ -73,6 +76,8 @@ def render(plan: BuildPlan, dest: Path, base_hint: str, bootstrap: str, labels: 
         write_context(step, tmp / d)
         parts.append(fragment(step, d))
     parts.append(label_fragment(labels))
+    if plan.user:
+        parts.append(f"USER {plan.user}\n")
     (tmp / "Dockerfile").write_text("\n".join(parts))
     if bootstrap:
         (tmp / "bootstrap.sh").write_text(bootstrap)

@@ -7,13 +7,17 @@ Format (YAML, generated):
       monitoring:
         direct: {prometheus-node-exporter: 1.5.0+ds-1+b5}
         deps: {libc6: 2.36-9+deb12u4, ...}
+    wheels:                 # only for layers with packages.pip
+      cuda-base:
+        nvidia-cuda-runtime-cu12: {version: 12.9.79, sha256: ..., url: https://..., direct: true}
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ class Lock:
     image: str
     base: str
     layers: dict[str, dict[str, dict[str, str]]]  # layer -> {"direct": {...}, "deps": {...}}
+    # layer -> wheel name -> {"version", "sha256", "url", "direct": "true"|"false"}
+    wheels: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 def path_for(root: Path, image: str) -> Path:
@@ -54,7 +60,11 @@ def read(root: Path, image: str) -> Lock | None:
         entry = entry or {}
         layers[str(name)] = {"direct": {str(k): str(v) for k, v in (entry.get("direct") or {}).items()},
                              "deps": {str(k): str(v) for k, v in (entry.get("deps") or {}).items()}}
-    return Lock(str(data.get("image", image)), str(data.get("base", "")), layers)
+    wheels = {str(layer): {str(n): {str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                                    for k, v in (w or {}).items()}
+                           for n, w in (entry or {}).items()}
+              for layer, entry in (data.get("wheels") or {}).items()}
+    return Lock(str(data.get("image", image)), str(data.get("base", "")), layers, wheels)
 
 
 def write(root: Path, lock: Lock) -> Path:
@@ -62,6 +72,10 @@ def write(root: Path, lock: Lock) -> Path:
     body = {"image": lock.image, "base": lock.base,
             "layers": {n: {"direct": dict(sorted(e["direct"].items())), "deps": dict(sorted(e["deps"].items()))}
                        for n, e in lock.layers.items()}}
+    if any(lock.wheels.values()):
+        body["wheels"] = {layer: {n: {"version": w["version"], "sha256": w["sha256"], "url": w["url"],
+                                      "direct": w.get("direct") == "true"} for n, w in sorted(ws.items())}
+                          for layer, ws in lock.wheels.items() if ws}
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(HEADER + yaml.safe_dump(body, sort_keys=False, width=120))
@@ -80,6 +94,22 @@ def pins(lock: Lock | None, layer: str, packages: list[str]) -> tuple[list[str],
     return out, all(p in known for p in packages)
 
 
+def wheel_name(requirement: str) -> str:
+    """The normalised project name of a requirement such as 'Foo_Bar[x]==1.*' (PEP 503)."""
+    name = re.split(r"[\s\[=<>!~;@]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheels(lock: Lock | None, layer: str) -> dict[str, dict[str, str]]:
+    """The locked wheels of a layer (direct requirements and their dependencies)."""
+    return lock.wheels.get(layer, {}) if lock else {}
+
+
+def wheels_locked(lock: Lock | None, layer: str, requirements: list[str]) -> bool:
+    known = wheels(lock, layer)
+    return all(wheel_name(r) in known for r in requirements)
+
+
 def diff(old: Lock | None, new: Lock) -> list[str]:
     lines = []
     old_layers = old.layers if old else {}
@@ -92,4 +122,15 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                     lines.append(f"- {name}: {pkg} {a[pkg]}")
                 if pkg in b:
                     lines.append(f"+ {name}: {pkg} {b[pkg]}")
+    old_wheels = old.wheels if old else {}
+    for name in sorted(set(old_wheels) | set(new.wheels)):
+        wa, wb = old_wheels.get(name, {}), new.wheels.get(name, {})
+        for pkg in sorted(set(wa) | set(wb)):
+            va = (wa[pkg]["version"], wa[pkg]["sha256"]) if pkg in wa else None
+            vb = (wb[pkg]["version"], wb[pkg]["sha256"]) if pkg in wb else None
+            if va != vb:
+                if va:
+                    lines.append(f"- {name}: {pkg} {va[0]} (wheel sha256 {va[1][:12]})")
+                if vb:
+                    lines.append(f"+ {name}: {pkg} {vb[0]} (wheel sha256 {vb[1][:12]})")
     return lines

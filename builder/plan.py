@@ -58,6 +58,8 @@ class LayerStep:
     env: tuple[tuple[str, str], ...]
     packages: tuple[str, ...]  # name=version where locked
     locked: bool
+    wheels: tuple[str, ...] = ()  # pip requirements, as written (the lock pins them)
+    entrypoint: tuple[str, ...] | None = None  # ENTRYPOINT set by this layer
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class BuildPlan:
     tests: tuple[Test, ...]
     outputs: dict[str, Any]
     inherited_layers: tuple[str, ...]
+    user: str | None = None  # default USER of the final image (not inherited by child images)
 
     @property
     def key(self) -> str:

@@ -88,4 +88,91 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
         layers[step.layer] = {"direct": direct, "deps": {k: v for k, v in new.items() if k not in direct}}
         seen.update(new)
     progress.say(plan.image, f"resolved {len(seen)} packages in {t.seconds:.1f}s")
-    return Lock(plan.image, plan.base.key, layers)
+    return Lock(plan.image, plan.base.key, layers, resolve_wheels(c, plan, base_ref, progress))
+
+
+# --- wheels ---------------------------------------------------------------------------------------
+# In a throwaway container of the image's own base (its Python, its glibc): pip resolves each layer's
+# requirements, cumulatively and constrained by the wheels already in the base and in earlier
+# layers, and reports the exact version, URL and sha256 of every wheel file. pip stays out of the image.
+
+_PIP_RESOLVE = r'''
+import json, pathlib, re, subprocess, sys
+layers = json.loads(pathlib.Path("/tmp/nodeforge-pip.json").read_text())
+def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
+have = {}
+for meta in [m for top in ("/opt", "/usr/local") for m in pathlib.Path(top).glob("**/*.dist-info/METADATA")]:
+    fields = dict(l.split(": ", 1) for l in meta.read_text(errors="replace").splitlines()[:20] if ": " in l)
+    if "Name" in fields:
+        have[norm(fields["Name"])] = fields.get("Version", "")
+pinned = dict(have)
+reqs = []
+out = {"have": have, "layers": {}}
+for layer, requirements in layers:
+    reqs += requirements
+    pathlib.Path("/tmp/c.txt").write_text("".join(f"{n}=={v}\n" for n, v in pinned.items()))
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--break-system-packages",
+           "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--target", "/tmp/t",
+           "--report", "/tmp/r.json", "-c", "/tmp/c.txt", *reqs]
+    if subprocess.run(cmd).returncode != 0:
+        sys.exit(f"pip could not resolve the wheels of layer {layer}: {' '.join(requirements)}")
+    items = {}
+    for i in json.loads(pathlib.Path("/tmp/r.json").read_text())["install"]:
+        d = i["download_info"]
+        sha = (d.get("archive_info", {}).get("hashes") or {}).get("sha256") or \
+            d.get("archive_info", {}).get("hash", "=").split("=", 1)[1]
+        name = norm(i["metadata"]["name"])
+        if name in pinned and name not in [norm(re.split(r"[\s\[=<>!~;@]", r, maxsplit=1)[0]) for r in requirements]:
+            continue  # in the base or an earlier layer
+        items[name] = {"version": i["metadata"]["version"], "url": d["url"], "sha256": sha}
+    for n, w in items.items():
+        pinned[n] = w["version"]
+    out["layers"][layer] = items
+print("@@nodeforge-wheels " + json.dumps(out))
+'''
+
+
+def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
+                   progress: Progress) -> dict[str, dict[str, dict[str, str]]]:
+    """layer -> wheel name -> {version, url, sha256, direct} for every layer with packages.pip."""
+    import json
+
+    from .lock import wheel_name
+
+    wanted = [(s.layer, list(s.wheels)) for s in plan.steps if s.wheels]
+    if not wanted:
+        return {}
+    script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q >&2; "
+              "apt-get install -y -q --no-install-recommends python3-pip >&2; python3 /tmp/nodeforge-pip.py")
+    with Timer() as t:
+        container = c.containers.create(base_ref, ["bash", "-c", script], entrypoint=[], user="root",
+                                        labels={"io.nodeforge.role": "lock"})
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for name, data in (("tmp/nodeforge-pip.py", _PIP_RESOLVE.encode()),
+                                   ("tmp/nodeforge-pip.json", json.dumps(wanted).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            container.put_archive("/", buf.getvalue())
+            container.start()
+            status = container.wait(timeout=900)
+            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            if status.get("StatusCode", 1) != 0:
+                err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+                raise BuildFailed(f"wheel resolution for {plan.image} failed:\n" + "\n".join(err.splitlines()[-15:]))
+        finally:
+            container.remove(force=True)
+    line = next((x for x in stdout.splitlines() if x.startswith("@@nodeforge-wheels ")), None)
+    if line is None:
+        raise BuildFailed(f"wheel resolution for {plan.image} printed no result")
+    found = json.loads(line.split(" ", 1)[1])["layers"]
+    result: dict[str, dict[str, dict[str, str]]] = {}
+    for layer, reqs in wanted:
+        direct = {wheel_name(r) for r in reqs}
+        result[layer] = {n: {**w, "direct": "true" if n in direct else "false"}
+                         for n, w in found.get(layer, {}).items()}
+    count = sum(len(v) for v in result.values())
+    progress.say(plan.image, f"resolved {count} wheels in {t.seconds:.1f}s")
+    return result

@@ -6,7 +6,7 @@ Structural checks only; semantic checks (conflicts, known-wrong values) live in 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import Collector
@@ -326,15 +326,22 @@ TEST_KINDS: dict[str, Struct] = {
         "loaded": Field(Bool(), "loaded in the running kernel", default=None),
         "blacklisted": Field(Bool(), "blacklisted in the root filesystem and the initramfs", default=None),
     }),
+    "entrypoint": Struct({
+        "args": Field(ListOf(Str()), "arguments given to the image's own entrypoint (the CMD)", default=[]),
+        "exit": Field(Int(0, 255), "expected exit status", default=0),
+        "stdout": Field(MATCHER, "matchers on standard output", default=None),
+        "stderr": Field(MATCHER, "matchers on standard error", default=None),
+        "timeout": Field(Int(1, 3600), "seconds before the container is killed and the test fails", default=60),
+    }),
 }
 # where each kind of check runs when `scope` is not given
 DEFAULT_SCOPE = {"file": "image", "package": "image", "env": "image", "label": "image",
                  "service": "image", "command": "container", "sysctl": "boot", "cmdline": "boot",
-                 "module": "boot"}
+                 "module": "boot", "entrypoint": "container"}
 ALLOWED_SCOPES = {"file": {"image", "container", "boot"}, "package": {"image", "container", "boot"},
                   "env": {"image"}, "label": {"image"}, "service": {"image", "boot"},
                   "command": {"container", "boot"}, "sysctl": {"boot"}, "cmdline": {"boot"},
-                  "module": {"boot"}}
+                  "module": {"boot"}, "entrypoint": {"container"}}
 
 TEST = Struct({
     "name": Field(Str(), "what the test shows, in a few words", required=True),
@@ -385,9 +392,15 @@ LAYER = Struct({
     "params": Field(MapOf(IDENT, PARAM), "typed parameters", default={}),
     "packages": Field(Struct({
         "apt": Field(ListOf(Str(), unique=True), "Debian packages (templates allowed)", default=[]),
-        "hold": Field(ListOf(PKG, unique=True), "packages to apt-mark hold", default=[]),
+        "hold": Field(ListOf(Str(), unique=True), "packages to apt-mark hold (templates allowed)", default=[]),
         "repos": Field(ListOf(REPO), "extra signed apt repositories", default=[]),
-    }), "packages to install", default={"apt": [], "hold": [], "repos": []}),
+        "pip": Field(ListOf(Str(), unique=True),
+                     "Python wheels (requirements such as name==1.2.*; templates allowed); exact versions and "
+                     "sha256 come from the lock file", default=[]),
+        "pip-target": Field(ABS_PATH, "directory the wheels are unpacked into (no pip in the image)",
+                            default="/opt/nodeforge/wheels"),
+    }), "packages to install", default={"apt": [], "hold": [], "repos": [], "pip": [],
+                                        "pip-target": "/opt/nodeforge/wheels"}),
     "files": Field(ListOf(FILE), "files to write", default=[]),
     "sysctl": Field(MapOf(Str(r"[^\s=]+", "a sysctl key"), Scalar()), "sysctl settings", default={}),
     "kernel": Field(Struct({
@@ -403,6 +416,8 @@ LAYER = Struct({
     }), "systemd units", default={"enable": [], "disable": []}),
     "env": Field(MapOf(ENV_NAME, Scalar()), "image environment", default={}),
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
+    "entrypoint": Field(ListOf(Str()), "the image's ENTRYPOINT (exec form; templates allowed); kept by images "
+                        "built on this one", default=None),
     "users": Field(ListOf(Struct({
         "name": Field(Str(r"[a-z_][a-z0-9_-]*", "a user name"), "user name", required=True),
         "uid": Field(Int(0, 65533), "uid", default=None),
@@ -451,6 +466,9 @@ IMAGE = Struct({
     }), "what to produce", default={"tags": [], "formats": ["raw", "qcow2", "netboot"], "disk-size-mib": None}),
     "env": Field(MapOf(ENV_NAME, Scalar()), "image environment", default={}),
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
+    "user": Field(Str(r"[a-z_][a-z0-9_-]*|[0-9]+", "a user name or uid"),
+                  "default USER of this image only (images built on it still build as root); "
+                  "a layer's users creates it", default=None),
     "tests": Field(ListOf(TEST), "tests added by the image", default=[]),
 }, "an image definition")
 

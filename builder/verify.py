@@ -265,6 +265,7 @@ class TestContainer:
                    .with_kwargs(entrypoint=["/bin/sh"], labels={SESSION_LABEL: session}))
         self.dc.start()
         self.wrapped = self.dc.get_wrapped_container()
+        self.ref = ref
 
     def exec(self, cmd: str, timeout: int, user: str | None = None) -> tuple[int, str, str, bool]:
         """(exit code, stdout, stderr, timed out)."""
@@ -302,10 +303,36 @@ def check_command(box: TestContainer, spec: dict[str, Any]) -> tuple[str, str]:
     return why, output
 
 
+def check_entrypoint(ref: str, spec: dict[str, Any], gpu: bool = False) -> tuple[str, str]:
+    """Run the image as shipped: its own ENTRYPOINT, the test's args as the command, a fresh container."""
+    c = engine.client()
+    kwargs: dict[str, Any] = {}
+    if gpu:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    container = c.containers.create(ref, command=list(spec.get("args") or []) or None,
+                                    labels={SESSION_LABEL: "entrypoint"}, **kwargs)
+    try:
+        container.start()
+        try:
+            code = container.wait(timeout=spec["timeout"]).get("StatusCode", -1)
+        except Exception:  # the engine's read timeout: the entrypoint did not finish
+            return f"timed out after {spec['timeout']}s", ""
+        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    output = out + (("\n--- stderr\n" + err) if err else "")
+    if code != spec["exit"]:
+        return f"exit status {code}, expected {spec['exit']}", output
+    return match_text(spec.get("stdout"), out, "stdout") or match_text(spec.get("stderr"), err, "stderr"), output
+
+
 def check_in_container(box: TestContainer, test: Test) -> tuple[str, str]:
     spec = test.spec
     if test.kind == "command":
         return check_command(box, spec)
+    if test.kind == "entrypoint":
+        return check_entrypoint(box.ref, spec, gpu="gpu" in test.requires)
     if test.kind == "package":
         code, out, _, _ = box.exec(f"dpkg-query -W -f='${{Status}} ${{Version}}' {spec['name']}", 30)
         installed = code == 0 and "install ok installed" in out
