@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from . import bootstrap, engine, lock, rebuild, resolver
+from . import bootstrap, engine, lock, rebuild, resolver, sbom, trust
 from .compose import compose
 from .dockerfile import label_fragment, step_dockerfile, write_context
 from .engine import CACHE_REPO, Progress, Timer, image_exists
@@ -95,13 +95,15 @@ def oci_labels(plan: BuildPlan, root: Path, base_name: str, base_digest: str) ->
     }
 
 
-def _engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path) -> None:
+def _engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path,
+                  buildargs: dict[str, str] | None = None) -> None:
     (context / "Dockerfile").write_text(dockerfile)
     log.parent.mkdir(parents=True, exist_ok=True)
     error = None
     with log.open("w") as f:
         f.write(dockerfile + "\n----\n")
-        for chunk in c.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True):
+        for chunk in c.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
+                                 buildargs=buildargs or None):
             if "stream" in chunk:
                 f.write(chunk["stream"])
             if "error" in chunk:
@@ -219,8 +221,10 @@ class Builder:
                         self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
                         with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
                             write_context(step, Path(tmp))
+                            ca = trust.extra_ca() if step.wheels else ""
                             _engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
-                                          self.log_dir / name / f"{i:02d}-{step.layer}.log")
+                                          self.log_dir / name / f"{i:02d}-{step.layer}.log",
+                                          {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
                         status = "built"
                 self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s"
                                   f"  {step.key[:12]}")
@@ -230,6 +234,9 @@ class Builder:
             state.save()
             content_ref = ref
             labels = oci_labels(plan, self.tree.root, base_name, base_digest)
+            if plan.kind == "container":  # node images get theirs from the assembled root file system
+                _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
+                labels[sbom.LABEL] = sbom_sha
             meta_inputs: dict[str, Any] = {"content": plan.key, "labels": labels}
             user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
             if user:

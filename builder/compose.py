@@ -464,12 +464,17 @@ def _wheel_lines(wheels: dict[str, dict[str, str]], target: str, build_only: lis
         return ["# wheels: not locked yet (`nodeforge lock` resolves them)"]
     tmp = "/tmp/nodeforge-wheels"
     lines = ["# wheels (exact versions and sha256 from the lock file; unpacked, no pip in the image)",
-             f"install -d -m 0777 {tmp}", f"install -d -m 0755 {shlex.quote(target)}"]
+             f"install -d -m 0777 {tmp}", f"install -d -m 0755 {shlex.quote(target)}",
+             "# extra CAs of the build host's network, from a build argument; never left in the image",
+             "ca=()",
+             'if [ -n "${NODEFORGE_CA_BUNDLE:-}" ]; then',
+             f'  printf "%s\\n" "$NODEFORGE_CA_BUNDLE" >{tmp}/ca.pem; ca=(-o Acquire::https::CaInfo={tmp}/ca.pem)',
+             "fi"]
     for name, w in sorted(wheels.items()):
         file = f"{tmp}/{w['url'].rsplit('/', 1)[-1].split('#')[0]}"
         lines += [f"# {name} {w['version']}",
-                  f"/usr/lib/apt/apt-helper -q download-file {shlex.quote(w['url'])} {shlex.quote(file)} "
-                  f"SHA256:{w['sha256']}",
+                  f"/usr/lib/apt/apt-helper -q \"${{ca[@]}}\" download-file {shlex.quote(w['url'])} "
+                  f"{shlex.quote(file)} SHA256:{w['sha256']}",
                   f"echo {shlex.quote(w['sha256'] + '  ' + file)} | sha256sum --check --quiet",
                   f"unzip -q -o {shlex.quote(file)} -d {shlex.quote(target)}", f"rm -f {shlex.quote(file)}"]
     lines.append(f"rm -rf {tmp}")

@@ -26,6 +26,8 @@ def fragment(step: LayerStep, prefix: str) -> str:
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")
     if step.apply:
+        if step.wheels:  # extra CAs for the wheel downloads (builder.trust); empty by default
+            lines.append("ARG NODEFORGE_CA_BUNDLE=")
         lines.append(f'RUN ["/bin/bash", "{APPLY_DIR}/{step.layer}.sh"]')
     if step.env:
         lines.append("ENV " + " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in step.env))

@@ -142,8 +142,14 @@ def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
     wanted = [(s.layer, list(s.wheels)) for s in plan.steps if s.wheels]
     if not wanted:
         return {}
+    from .trust import extra_ca
+
+    ca = extra_ca()
     script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q >&2; "
-              "apt-get install -y -q --no-install-recommends python3-pip >&2; python3 /tmp/nodeforge-pip.py")
+              "apt-get install -y -q --no-install-recommends python3-pip >&2; "
+              + ("cat /etc/ssl/certs/ca-certificates.crt /tmp/nodeforge-ca.pem >/tmp/ca-all.pem; "
+                 "export PIP_CERT=/tmp/ca-all.pem; " if ca else "")
+              + "python3 /tmp/nodeforge-pip.py")
     with Timer() as t:
         container = c.containers.create(base_ref, ["bash", "-c", script], entrypoint=[], user="root",
                                         labels={"io.nodeforge.role": "lock"})
@@ -151,7 +157,8 @@ def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:
                 for name, data in (("tmp/nodeforge-pip.py", _PIP_RESOLVE.encode()),
-                                   ("tmp/nodeforge-pip.json", json.dumps(wanted).encode())):
+                                   ("tmp/nodeforge-pip.json", json.dumps(wanted).encode()),
+                                   ("tmp/nodeforge-ca.pem", ca.encode())):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
