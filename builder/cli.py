@@ -148,6 +148,28 @@ def cmd_test(args: argparse.Namespace) -> int:
     return run_tests(plan, report, boot=args.boot, tree=tree)
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from . import engine, publish
+    from .compose import compose
+
+    tree = _tree(args)
+    registry = args.registry
+    config = tree.config(args.config)
+    if not registry and config and config.data.get("site"):
+        registry = config.data["site"].get("registry")
+    if not registry:
+        from .errors import NodeforgeError as Usage
+
+        raise Usage("no registry: give --registry HOST:PORT or set site.registry in the config")
+    images = []
+    for ref in args.images:
+        plan = compose(tree, ref, args.config, _sets(args))
+        images.append((plan.image, plan.tags))
+    for p in publish.push(engine.client(), images, registry):
+        print(f"{p.image:<20} {p.tag}  {p.digest}")
+    return 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     from . import engine
     from .diff import diff
@@ -215,6 +237,12 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--report", default="build/reports", help="directory for the reports")
     sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
     sp.set_defaults(func=cmd_test)
+
+    sp = sub.add_parser("push", help="push every tag of built images to an OCI registry; prints digests")
+    sp.add_argument("images", nargs="+")
+    common(sp)
+    sp.add_argument("--registry", "-r", default=None, help="HOST[:PORT][/PATH] (default: the config's site.registry)")
+    sp.set_defaults(func=cmd_push)
 
     sp = sub.add_parser("diff", help="what changed between two built images (packages, sysctl, kernel "
                         "arguments, modules, services, env, labels, files); exit 1 when they differ")
