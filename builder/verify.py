@@ -255,6 +255,13 @@ IMAGE_CHECKS = {"file": check_file, "package": check_package, "env": check_env, 
 
 # --- container scope: a test container --------------------------------------------------------------
 
+def gpu_kwargs() -> dict[str, Any]:
+    """Where a GPU is present, test containers get every GPU (as `docker run --gpus all`)."""
+    if not has_gpu():
+        return {}
+    return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+
+
 class TestContainer:
     """A running container of the image, its entrypoint replaced by a sleeper, removed at the end."""
 
@@ -262,7 +269,7 @@ class TestContainer:
         from testcontainers.core.container import DockerContainer
 
         self.dc = (DockerContainer(ref).with_command(["-c", "trap 'exit 0' TERM; sleep infinity & wait"])
-                   .with_kwargs(entrypoint=["/bin/sh"], labels={SESSION_LABEL: session}))
+                   .with_kwargs(entrypoint=["/bin/sh"], labels={SESSION_LABEL: session}, **gpu_kwargs()))
         self.dc.start()
         self.wrapped = self.dc.get_wrapped_container()
         self.ref = ref
