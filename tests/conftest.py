@@ -52,6 +52,52 @@ def built_gpu_node(docker_client):  # type: ignore[no-untyped-def]
     return result
 
 
+# the CUDA images the suite verifies; building their parents too (container-base, each chain)
+CUDA_IMAGES = ["cuda-11.8-devel", "cuda-12.9-runtime", "cuda-13.0-devel"]
+
+
+@pytest.fixture(scope="session")
+def cuda_images(docker_client):  # type: ignore[no-untyped-def]
+    """Every CUDA image (base, runtime, devel of each version), built once per session: name -> BuildResult.
+    The 11.8 toolkit and the 12.x/13.x math libraries are large: the first build takes minutes,
+    later sessions find every layer cached by key."""
+    from builder.build import Builder
+    from builder.engine import Progress
+    from builder.load import load_tree
+
+    builder = Builder(load_tree(ROOT), None, [], Progress())
+    builder.build(CUDA_IMAGES, jobs=2)
+    return dict(builder.results)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A real registry (Debian's docker-registry) on 127.0.0.1, filesystem storage in a tmp dir: HOST:PORT."""
+    import socket
+    import time
+    import urllib.request
+
+    if shutil.which("docker-registry") is None:
+        pytest.fail("docker-registry is not installed: run `make setup`")
+    d = tmp_path_factory.mktemp("registry")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (d / "config.yml").write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {d / 'data'}\n"
+                                  f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=open(d / "registry.log", "w"))
+    for _ in range(50):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture
 def scratch_tree(tmp_path: Path) -> Iterator[Path]:
     """A copy of the project's definitions (layers, images, configs) to change freely."""

@@ -1,0 +1,127 @@
+"""CUDA container images: base -> runtime -> devel for 11.8 (Debian), 12.9 and 13.0 (NVIDIA's wheels).
+
+Built once per session (conftest.cuda_images); every image's own tests run here, plus what
+crosses images: a program compiled in devel runs in runtime, the SBOM matches dpkg, and the
+images survive a round trip through a real registry by digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from builder import publish, sbom, verify
+from builder.compose import compose
+
+CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
+         "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]
+TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
+        "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
+        "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
+        "cuda-12.9-base": "nodeforge/cuda:12.9.1-base-debian12",
+        "cuda-12.9-runtime": "nodeforge/cuda:12.9.1-runtime-debian12",
+        "cuda-13.0-base": "nodeforge/cuda:13.0.2-base-debian12",
+        "cuda-13.0-runtime": "nodeforge/cuda:13.0.2-runtime-debian12",
+        "cuda-13.0-devel": "nodeforge/cuda:13.0.2-devel-debian12"}
+
+
+@pytest.mark.parametrize("image", CHAIN)
+def test_image_passes_its_tests(cuda_images, tree, image: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = cuda_images[image]
+    assert result.tags == (TAGS[image],)
+    assert verify.run_tests(result.plan, tmp_path, False, tree, ref=result.ref) == 0
+    report = json.loads((tmp_path / f"{image}.json").read_text())
+    assert report["counts"]["failed"] == 0 and report["counts"]["passed"] >= 15
+
+
+def test_chain_builds_from_each_other(cuda_images) -> None:  # type: ignore[no-untyped-def]
+    for child, parent in (("cuda-11.8-runtime", "cuda-11.8-base"), ("cuda-11.8-devel", "cuda-11.8-runtime"),
+                          ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime")):
+        labels = cuda_images[child].labels
+        assert labels["org.opencontainers.image.base.name"] == TAGS[parent]
+        assert labels["org.opencontainers.image.base.digest"] == cuda_images[parent].id
+    base_of = {cuda_images[n].labels["org.opencontainers.image.base.name"] for n in ("cuda-11.8-base",
+                                                                                        "cuda-12.9-base")}
+    assert base_of == {"nodeforge/container-base:bookworm"}  # one bootstrapped base, shared
+
+
+def _compile(c, devel: str, source_flags: str) -> bytes:  # type: ignore[no-untyped-def]
+    box = c.containers.create(devel, ["-c", f"cd /tmp && nvcc {source_flags} -cudart shared -o cuda-check "
+                                      "/usr/local/share/nodeforge/cuda-check.cu"], entrypoint=["/bin/sh"],
+                              labels={verify.SESSION_LABEL: "cuda-compile"})
+    try:
+        box.start()
+        assert box.wait(timeout=600)["StatusCode"] == 0, box.logs().decode(errors="replace")
+        stream, _ = box.get_archive("/tmp/cuda-check")
+        return b"".join(stream)
+    finally:
+        box.remove(force=True)
+
+
+@pytest.mark.parametrize("devel,runtime,flags", [("cuda-11.8-devel", "cuda-11.8-runtime", "-ccbin g++-11"),
+                                                 ("cuda-13.0-devel", "cuda-13.0-runtime", "")])
+def test_runtime_runs_the_program_devel_compiled(cuda_images, docker_client, devel: str, runtime: str,
+                                                 flags: str) -> None:  # type: ignore[no-untyped-def]
+    archive = _compile(docker_client, cuda_images[devel].ref, flags)
+    box = docker_client.containers.create(cuda_images[runtime].ref, ["/tmp/cuda-check"],
+                                          labels={verify.SESSION_LABEL: "cuda-run"})
+    try:
+        box.put_archive("/tmp", archive)
+        box.start()
+        code = box.wait(timeout=120)["StatusCode"]
+        out = box.logs(stdout=True, stderr=False).decode(errors="replace")
+        err = box.logs(stdout=False, stderr=True).decode(errors="replace")
+    finally:
+        box.remove(force=True)
+    # no GPU here: the runtime loads and reports why there is no device, by its number
+    assert code in (100, 35), out + err
+    assert f"({code})" in out and ("cudaErrorNoDevice" in out or "cudaErrorInsufficientDriver" in out)
+    assert "The NVIDIA Driver was not detected" in err  # through the image's own entrypoint
+
+
+@pytest.mark.parametrize("image", ["cuda-11.8-runtime", "cuda-12.9-runtime", "cuda-13.0-devel"])
+def test_sbom_matches_the_package_databases(cuda_images, docker_client, root: Path, image: str) -> None:  # type: ignore[no-untyped-def]
+    result = cuda_images[image]
+    path = sbom.path_for(root, image)
+    data = path.read_bytes()
+    assert result.labels[sbom.LABEL] == hashlib.sha256(data).hexdigest()
+    doc = json.loads(data)
+    assert doc["spdxVersion"] == "SPDX-2.3" and doc["documentNamespace"].endswith(result.plan.key)
+    counts = sbom.counts(doc)
+    listing = docker_client.containers.run(result.ref, ["-c", "dpkg -l | grep -cE '^(ii|hi) '; "
+                                           "find /opt /usr/local/lib -path '*.dist-info/METADATA' | wc -l"],
+                                           entrypoint=["/bin/sh"], remove=True).decode().split()
+    assert counts["deb"] == int(listing[0])
+    assert counts.get("pypi", 0) == int(listing[1])
+    if "11.8" not in image:
+        assert counts["pypi"] >= 8  # the CUDA wheels are in it
+
+
+def test_registry_round_trip_by_digest(cuda_images, docker_client, tree, registry: str,
+                                       tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    names = ["cuda-11.8-base", "cuda-12.9-base"]
+    pushed = publish.push(docker_client, [(n, cuda_images[n].tags) for n in names], registry)
+    assert [p.tag for p in pushed] == [f"{registry}/{TAGS[n]}" for n in names]
+    try:
+        for p in pushed:
+            assert p.digest.startswith("sha256:")
+            docker_client.images.remove(p.tag)
+            docker_client.images.remove(TAGS[p.image])
+            pulled = docker_client.images.pull(p.by_digest)
+            assert pulled.id == cuda_images[p.image].id
+            plan = compose(tree, p.image, None, [])
+            assert verify.run_tests(plan, tmp_path, False, tree, ref=p.by_digest) == 0
+    finally:
+        for n in names:
+            repo, tag = TAGS[n].split(":")
+            docker_client.api.tag(cuda_images[n].id, repo, tag)
+
+
+def test_push_needs_a_registry(root: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from builder.cli import main
+
+    assert main(["push", str(root / "images" / "cuda-11.8-base.yaml")]) == 2
+    assert "no registry" in capsys.readouterr().err
+
