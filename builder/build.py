@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from . import bootstrap, engine, lock, rebuild, resolver, sbom, trust
+from . import assemble, bootstrap, engine, lock, rebuild, resolver, sbom, trust
 from .compose import compose
 from .dockerfile import label_fragment, step_dockerfile, write_context
 from .engine import CACHE_REPO, Progress, Timer, image_exists
@@ -48,6 +48,7 @@ class BuildResult:
     tags: tuple[str, ...]
     labels: dict[str, str]
     steps: list[StepResult] = field(default_factory=list)
+    node: assemble.NodeArtifacts | None = None  # disks and netboot artifacts of a node image
 
 
 def step_ref(key: str) -> str:
@@ -232,12 +233,14 @@ class Builder:
                 state.record(step.layer, fp)
                 ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
             state.save()
-            content_ref = ref
+            content_ref, content_key = ref, plan.key
+            if plan.kind == "node":
+                content_ref, content_key = assemble.initramfs_step(c, ref, plan.key, self.progress, name,
+                                                                   self.log_dir / name)
             labels = oci_labels(plan, self.tree.root, base_name, base_digest)
-            if plan.kind == "container":  # node images get theirs from the assembled root file system
-                _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
-                labels[sbom.LABEL] = sbom_sha
-            meta_inputs: dict[str, Any] = {"content": plan.key, "labels": labels}
+            _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
+            labels[sbom.LABEL] = sbom_sha
+            meta_inputs: dict[str, Any] = {"content": content_key, "labels": labels}
             user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
             if user:
                 meta_inputs["user"] = plan.user
@@ -251,11 +254,13 @@ class Builder:
                 repo, tg = engine.split_ref(t_)
                 c.api.tag(meta_ref, repo, tg)
             info = engine.inspect(c, meta_ref)
+            node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress)
+                    if plan.kind == "node" else None)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
                           f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")
         result = BuildResult(name, plan, plan.tags[0], content_ref, info["Id"], info["Size"], plan.tags, labels,
-                             results)
+                             results, node)
         with self._lock:
             self.results[name] = result
         return result

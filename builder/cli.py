@@ -101,6 +101,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     print("images:")
     for r in results:
         print(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")
+        if r.node:
+            for role in r.node.files:
+                path = r.node.path(role)
+                print(f"    {role:<8} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 
@@ -145,7 +149,42 @@ def cmd_test(args: argparse.Namespace) -> int:
     tree = _tree(args)
     plan = compose(tree, args.image, args.config, _sets(args))
     report = Path(args.report)
-    return run_tests(plan, report, boot=args.boot, tree=tree)
+    modes = _modes(args.boot_modes)
+    return run_tests(plan, report, boot=args.boot or bool(args.boot_modes), tree=tree, boot_modes=modes)
+
+
+def _modes(text: str | None) -> tuple[str, ...]:
+    from .boot import MODES
+    from .errors import UsageError
+
+    if not text:
+        return MODES
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise UsageError(f"--boot-modes: unknown mode {', '.join(bad) or '(none)'}; expected some of "
+                         f"{','.join(MODES)}")
+    return modes
+
+
+def cmd_boot(args: argparse.Namespace) -> int:
+    from . import boot
+    from .compose import compose
+
+    tree = _tree(args)
+    plan = compose(tree, args.image, args.config, _sets(args))
+    art = boot.artifacts_for(plan, tree)
+    cmdline = f"{art.cmdline} {args.append}".strip() if args.append else None
+    return boot.interactive(art, args.mode, cmdline)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .packer_export import export
+
+    tree = _tree(args)
+    out = export(tree, args.image, args.config, _sets(args), Path(args.dir))
+    print(f"wrote {out}; run: packer build {out}")
+    return 0
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -236,7 +275,24 @@ def parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--report", default="build/reports", help="directory for the reports")
     sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
+    sp.add_argument("--boot-modes", default=None, metavar="MODES",
+                    help="comma-separated: direct,uefi,bios (default: all three; implies --boot)")
     sp.set_defaults(func=cmd_test)
+
+    sp = sub.add_parser("boot", help="boot a node image's disk with the serial console on this terminal")
+    sp.add_argument("image")
+    common(sp)
+    sp.add_argument("--mode", choices=["direct", "uefi", "bios"], default="uefi")
+    sp.add_argument("--append", default="", help="extra kernel arguments (direct mode)")
+    sp.set_defaults(func=cmd_boot)
+
+    sp = sub.add_parser("export", help="write the image's build for another builder")
+    ex = sp.add_subparsers(dest="format", required=True)
+    pk = ex.add_parser("packer", help="a Packer template (qemu builder) reproducing the node build")
+    pk.add_argument("image")
+    pk.add_argument("dir")
+    common(pk)
+    pk.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("push", help="push every tag of built images to an OCI registry; prints digests")
     sp.add_argument("images", nargs="+")

@@ -60,6 +60,8 @@ class Merged:
 
     def karg(self, arg: str, source: str, file: str, line: int | None) -> None:
         name, value = kargs.split(arg)
+        if kargs.is_repeated(name):
+            name = arg  # every distinct value is an argument of its own
         old = self.kargs.get(name)
         if old is None:
             self.kargs[name] = Value(arg, source)

@@ -71,3 +71,7 @@ class Collector:
     def raise_if_any(self) -> None:
         if self.problems:
             raise DefinitionError(self.problems)
+
+
+class UsageError(NodeforgeError):
+    """A command line that cannot be carried out as given."""

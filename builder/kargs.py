@@ -12,6 +12,7 @@ class KnownParam:
     values: tuple[str, ...] | None = None  # None: any value; () : a flag that takes no value
     pattern: str | None = None  # regular expression for free-form values
     multi: bool = False  # comma-separated list: values from several layers are merged
+    repeat: bool = False  # may be given several times (console=tty0 console=ttyS0): each value kept
 
 
 _FLAG = ()
@@ -71,7 +72,7 @@ KNOWN: dict[str, KnownParam] = {
     "cgroup_enable": KnownParam(pattern=r"[a-z]+"),
     "swapaccount": KnownParam(("0", "1")),
     # console and boot
-    "console": KnownParam(pattern=r"[A-Za-z0-9]+(,[0-9]+[noe]?[5-8]?r?)?", multi=False),
+    "console": KnownParam(pattern=r"[A-Za-z0-9]+(,[0-9]+[noe]?[5-8]?r?)?", repeat=True),
     "earlyprintk": KnownParam(pattern=r"\S+"),
     "loglevel": KnownParam(pattern=r"[0-7]"),
     "quiet": KnownParam(_FLAG),
@@ -156,6 +157,11 @@ def check(arg: str) -> tuple[str, str] | None:
         if known.pattern and not re.fullmatch(known.pattern, part):
             return (f"{part!r} is not a valid value of {name}", f"expected a value matching {known.pattern}")
     return None
+
+
+def is_repeated(name: str) -> bool:
+    k = KNOWN.get(name)
+    return bool(k and k.repeat)
 
 
 def is_multi(name: str) -> bool:

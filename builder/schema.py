@@ -291,7 +291,7 @@ TEST_KINDS: dict[str, Struct] = {
         "version": Field(Str(), "exact version", default=None),
     }),
     "command": Struct({
-        "run": Field(Str(), "shell command, run with sh -c", required=True),
+        "run": Field(Str(), "shell command, run with bash -c", required=True),
         "exit": Field(Int(0, 255), "expected exit status", default=0),
         "stdout": Field(MATCHER, "matchers on standard output", default=None),
         "stderr": Field(MATCHER, "matchers on standard error", default=None),

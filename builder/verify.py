@@ -410,7 +410,8 @@ def select(plan: BuildPlan, caps: dict[str, bool]) -> tuple[list[Test], list[Res
     return runnable, skipped
 
 
-def run_tests(plan: BuildPlan, report_dir: Path, boot: bool, tree: Tree, ref: str | None = None) -> int:
+def run_tests(plan: BuildPlan, report_dir: Path, boot: bool, tree: Tree, ref: str | None = None,
+              boot_modes: tuple[str, ...] | None = None) -> int:
     from .errors import EnvironmentProblem
 
     ref = ref or plan.tags[0]
@@ -430,7 +431,8 @@ def run_tests(plan: BuildPlan, report_dir: Path, boot: bool, tree: Tree, ref: st
         else:
             from .boot import run_boot_tests
 
-            results += run_boot_tests(plan, tree, boot_tests)
+            results += run_boot_tests(plan, tree, boot_tests, boot_modes) if boot_modes else \
+                run_boot_tests(plan, tree, boot_tests)
     write_reports(plan, results, report_dir)
     summary(plan, results)
     return EXIT_FAIL if any(r.status == "failed" for r in results) else EXIT_OK
