@@ -5,7 +5,7 @@ CONFIG   ?= configs/default.yaml
 IMAGE    ?= images/gpu-node.yaml
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup build test lint bench clean
+.PHONY: setup build test lint bench gpu-check clean
 
 setup:
 	@scripts/setup.sh
@@ -22,6 +22,9 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/python benchmarks/run.py
+
+gpu-check: setup
+	scripts/gpu-check.sh $(CUDA_VERSIONS)
 
 clean:
 	rm -rf build

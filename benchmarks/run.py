@@ -44,7 +44,11 @@ def main() -> int:
         print(f"== {title}")
         rows = mod.run()
         for row in rows:
-            print("   " + "  ".join(f"{c:>14}" if not isinstance(c, str) else f"{c:<34}" for c in row))
+            widths = getattr(mod, "WIDTHS", None)
+            if widths:
+                print("   " + "  ".join(f"{c!s:<{w}}" for c, w in zip(row, widths, strict=False)))
+            else:
+                print("   " + "  ".join(f"{c:>14}" if not isinstance(c, str) else f"{c:<34}" for c in row))
     return 0
 
 

@@ -82,7 +82,13 @@ def _layer_provisioners(step: LayerStep, index: int) -> list[dict[str, Any]]:
 
 FINISH = """set -eu
 echo 'nodeforge: finishing the golden image'
-update-initramfs -u -k all
+# regenerate the initramfs when a provisioner changed what goes into it (module options, blacklists, hooks)
+if find /etc/modprobe.d /etc/modules-load.d /etc/initramfs-tools /usr/lib/modules \\
+    -newer "/boot/initrd.img-$(uname -r)" 2>/dev/null | grep -q .; then
+  update-initramfs -u -k all
+else
+  echo 'nodeforge: initramfs is current'
+fi
 rm -rf {upload} /root/.ssh/authorized_keys
 : > /etc/machine-id
 rm -f /var/lib/dbus/machine-id /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub

@@ -1,0 +1,113 @@
+"""`nodeforge export packer`: the template validates with Debian's packer, and a real Packer build
+(qemu builder, software emulation) of a small node image produces a disk that passes the same
+boot-scope checks as nodeforge's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from builder import assemble, boot
+from builder.compose import compose
+from builder.load import load_tree
+
+SMALL_NODE = textwrap.dedent("""\
+    name: small-node
+    summary: A small node image for the Packer round trip
+    kind: node
+    version: "1"
+    from:
+      debian:
+        suite: bookworm
+        components: [main, contrib, non-free, non-free-firmware]
+    source-date-epoch: 1735689600
+    layers: [base, kernel, sysctl]
+    outputs:
+      tags: [nodeforge-test/small-node:1]
+    """)
+
+
+@pytest.fixture(scope="module")
+def exported(docker_client, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from builder.packer_export import export
+
+    root = tmp_path_factory.mktemp("packer-tree")
+    here = Path(__file__).resolve().parent.parent
+    for d in ("layers", "configs"):
+        shutil.copytree(here / d, root / d)
+    (root / "images").mkdir()
+    (root / "images" / "small-node.yaml").write_text(SMALL_NODE)
+    tree = load_tree(root)
+    path = export(tree, "small-node", "default", [], root / "packer")
+    return root, path
+
+
+def test_template_applies_the_layers_after_the_kernel(exported) -> None:  # type: ignore[no-untyped-def]
+    _root, path = exported
+    t = json.loads(path.read_text())
+    (builder,) = t["builders"]
+    assert builder["type"] == "qemu" and builder["disk_image"] is True
+    assert (path.parent / t["variables"]["base_disk"]).is_file()
+    text = json.dumps(t["provisioners"])
+    assert "applying layer sysctl" in text and "layers/03-sysctl/" in text
+    assert "applying layer kernel" not in text, "layers in the base disk must not be applied again"
+    assert (path.parent / "layers" / "03-sysctl" / "root" / "etc" / "sysctl.d").is_dir()
+    assert "update-initramfs" in text and "authorized_keys" in text
+
+
+def test_packer_validate_accepts_the_template(exported) -> None:  # type: ignore[no-untyped-def]
+    _, path = exported
+    p = subprocess.run(["packer", "validate", path.name], cwd=path.parent, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_packer_validate_rejects_a_broken_template(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, path = exported
+    t = json.loads(path.read_text())
+    t["builders"][0]["disk_interface"] = 42
+    t["builders"][0]["no_such_option"] = True
+    (tmp_path / "bad.json").write_text(json.dumps(t))
+    p = subprocess.run(["packer", "validate", "bad.json"], cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode != 0
+
+
+@pytest.mark.slow
+def test_packer_build_makes_a_disk_that_passes_the_boot_checks(exported) -> None:  # type: ignore[no-untyped-def]
+    import packerpy
+
+    root, path = exported
+    out_dir = path.parent / "output-small-node"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    packer = packerpy.PackerExecutable(executable_path=shutil.which("packer"))
+    cwd = Path.cwd()
+    try:
+        os.chdir(path.parent)
+        rc, out, err = packer.build(path.name, color="false")
+    finally:
+        os.chdir(cwd)
+    text = (out or b"").decode(errors="replace") + (err or b"").decode(errors="replace")
+    assert rc == 0, text[-3000:]
+    assert "nodeforge: applied layer sysctl" in text and "nodeforge: finished" in text
+    disk = out_dir / "small-node.qcow2"
+    assert disk.is_file()
+
+    # boot Packer's disk through its own boot loader, with the checks nodeforge runs on its disks
+    tree = load_tree(root)
+    plan = compose(tree, "small-node", "default")
+    tests = [t for t in plan.tests if t.scope == "boot" and t.layer in ("sysctl", "kernel")]
+    base = assemble.load(root, "small-node-packer-base")
+    assert base is not None
+    art = dataclasses.replace(base, image="small-node", dir=str(out_dir), files={"qcow2": disk.name})
+    o = boot.boot(art, "bios", root / "packer-boot.log", tests=tests)
+    failed = [(t.name, boot.guest.judge(t, *o.report.probes[i])) for i, t in enumerate(tests)
+              if i in o.report.probes and boot.guest.judge(t, *o.report.probes[i])]
+    assert o.verdict == "passed", (o.reason, o.tail())
+    assert len(o.report.probes) == len(tests) and not failed, failed
