@@ -1,6 +1,7 @@
 """Boot time to verdict per boot mode: images/gpu-node.yaml (configs/default.yaml) booted with its
 boot-scope checks, from power-on to the verdict on the serial console, and the guest's own
-systemd-analyze figure. `python benchmarks/boot.py [MODE...]` prints the table; run() returns rows."""
+systemd-analyze figure; netboot boots the netboot artifacts over HTTP with the root in RAM.
+`python benchmarks/boot.py [MODE...]` prints the table; run() returns rows."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def run(modes: tuple[str, ...] | None = None) -> list[tuple[object, ...]]:
     tests = [t for t in result.plan.tests if t.scope == "boot" and not t.requires]
     rows: list[tuple[object, ...]] = [("mode (accel)", "verdict", "to verdict s", "checks", "guest says")]
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes or boot.MODES:
+        for mode in modes or boot.ALL_MODES:
             o = boot.boot(result.node, mode, Path(tmp) / f"{mode}.log", tests=tests)
             rows.append((f"{mode} ({o.accel})", o.verdict, f"{o.seconds:.1f}", f"{len(o.report.probes)}/{len(tests)}",
                          o.report.boot_time.replace("Startup finished in ", "")[:60] or o.reason[:60]))

@@ -5,6 +5,7 @@ from the serial console. Acceleration is found by booting a tiny guest with a de
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from . import assemble, guest
@@ -22,7 +24,8 @@ from .load import Tree
 from .plan import BuildPlan, Test
 from .verify import Result
 
-MODES = ("direct", "uefi", "bios")
+MODES = ("direct", "uefi", "bios")  # the disk boots; `netboot` boots the netboot artifacts over HTTP
+ALL_MODES = (*MODES, "netboot")
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 QEMU = "qemu-system-x86_64"
@@ -86,21 +89,26 @@ def detect_accel(kernel: Path, deadline: float = 10.0) -> str:
     return accel
 
 
+def netboot_cmdline(art: NodeArtifacts, url: str) -> str:
+    """The command line boot.ipxe passes, with the root archive at url."""
+    args = [a for a in art.cmdline.split() if not a.startswith("root=") and a != "ro"]
+    return " ".join([*args, "boot=nodeforge-net", f"nodeforge.root={url}", "ip=dhcp"])
+
+
 def qemu_command(art: NodeArtifacts, mode: str, accel: str, work: Path, checks: Path | None = None,
                  cmdline: str | None = None, memory: int = 1024, interactive: bool = False) -> list[str]:
-    disk_role = "qcow2" if art.has("qcow2") else "raw"
-    disk = art.path(disk_role)
-    cmd = [QEMU, "-accel", accel, "-m", str(memory), "-smp", "2", "-no-reboot", "-nic", "none"]
+    net = ["-nic", "user,model=virtio-net-pci"] if mode == "netboot" else ["-nic", "none"]
+    cmd = [QEMU, "-accel", accel, "-m", str(memory), "-smp", "2", "-no-reboot", *net]
     cmd += ["-nographic"] if interactive else ["-display", "none", "-monitor", "none", "-serial", "stdio"]
-    if accel == "kvm":
-        cmd += ["-cpu", "host"]
-    # the node's disk boots first; the checks disk (when attached) is never a boot candidate
-    cmd += ["-drive", f"file={disk},format={disk_role},if=none,id=disk,snapshot=on",
-            "-device", "virtio-blk-pci,drive=disk,bootindex=1"]
+    if mode != "netboot":
+        # the node's disk boots first; the checks disk (when attached) is never a boot candidate
+        disk_role = "qcow2" if art.has("qcow2") else "raw"
+        cmd += ["-drive", f"file={art.path(disk_role)},format={disk_role},if=none,id=disk,snapshot=on",
+                "-device", "virtio-blk-pci,drive=disk,bootindex=1"]
     if checks is not None:
         cmd += ["-drive", f"file={checks},format=raw,if=none,id=checks,readonly=on",
                 "-device", "virtio-blk-pci,drive=checks,serial=nodeforge-checks"]
-    if mode == "direct":
+    if mode in ("direct", "netboot"):
         cmd += ["-kernel", str(art.path("kernel")), "-initrd", str(art.path("initrd")),
                 "-append", cmdline or art.cmdline]
     elif mode == "uefi":
@@ -109,7 +117,7 @@ def qemu_command(art: NodeArtifacts, mode: str, accel: str, work: Path, checks: 
         cmd += ["-machine", "q35", "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
                 "-drive", f"if=pflash,format=raw,file={vars_copy}"]
     elif mode != "bios":
-        raise EnvironmentProblem(f"unknown boot mode {mode!r}; expected one of {', '.join(MODES)}")
+        raise EnvironmentProblem(f"unknown boot mode {mode!r}; expected one of {', '.join(ALL_MODES)}")
     return cmd
 
 
@@ -149,7 +157,16 @@ def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = No
         if tests is not None:
             checks = work / "checks.tar"
             checks.write_bytes(guest.checks_archive(tests, art.image, art.key))
-        cmd = qemu_command(art, mode, accel, work, checks, cmdline)
+        server = None
+        memory = 1024
+        if mode == "netboot":
+            if not art.has("rootfs"):
+                raise EnvironmentProblem(f"{art.image} has no netboot artifacts; add netboot to outputs.formats")
+            server = serve(Path(art.dir))
+            url = f"http://10.0.2.2:{server.server_address[1]}/{art.files['rootfs']}"  # the host, seen from qemu
+            cmdline = cmdline or netboot_cmdline(art, url)
+            memory = 1024 + 2 * art.root_mib  # the root lives in RAM
+        cmd = qemu_command(art, mode, accel, work, checks, cmdline, memory=memory)
         start = time.monotonic()
         fatal = ""
         with log.open("wb") as logf:
@@ -218,6 +235,9 @@ def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = No
                 proc.kill()
             proc.wait()
             done.wait(5)
+            if server is not None:
+                server.shutdown()
+                server.server_close()
             seconds = time.monotonic() - start
     if not reason and proc.returncode not in (0, None) and not report.ended:
         last = [x for x in lines if x.strip()][-1:] or ["(no output)"]
@@ -227,6 +247,19 @@ def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = No
         outcome.reason = _judge(outcome, tests)
     outcome.verdict = "failed" if outcome.reason else "passed"
     return outcome
+
+
+def serve(directory: Path) -> ThreadingHTTPServer:
+    """An HTTP server for the netboot artifacts on a free loopback port, in a thread."""
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 def _judge(o: BootOutcome, tests: list[Test] | None) -> str:

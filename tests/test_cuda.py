@@ -36,6 +36,15 @@ def test_image_passes_its_tests(cuda_images, tree, image: str, tmp_path: Path) -
     assert report["counts"]["failed"] == 0 and report["counts"]["passed"] >= 15
 
 
+def test_cupy_example_uses_the_image_cuda_libraries(cuda_images, tree, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = cuda_images["cupy-cuda12.9"]
+    assert result.plan.base.image == "cuda-12.9-runtime"
+    assert verify.run_tests(result.plan, tmp_path, False, tree, ref=result.ref) == 0
+    status = {r["name"]: r["status"] for r in json.loads((tmp_path / "cupy-cuda12.9.json").read_text())["results"]}
+    assert status["CuPy loads cuBLAS from the image's /usr/local/cuda, not a copy of its own"] == "passed"
+    assert status["CuPy imports and reports the image's CUDA runtime"] == "passed"
+
+
 def test_chain_builds_from_each_other(cuda_images) -> None:  # type: ignore[no-untyped-def]
     for child, parent in (("cuda-11.8-runtime", "cuda-11.8-base"), ("cuda-11.8-devel", "cuda-11.8-runtime"),
                           ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime")):

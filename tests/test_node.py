@@ -191,3 +191,20 @@ def test_failing_unit_fails_the_boot_with_its_name(built_gpu_node, scratch_tree:
     assert "nodeforge-broken.service" in o.reason, o.reason
     assert "timed out" not in o.reason
     assert len(o.report.probes) == len(tests), "the checks still report on a degraded boot"
+
+
+def test_netboot_artifacts_boot_with_the_root_in_ram(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The kernel, initrd and root archive boot as boot.ipxe boots them: the root archive is
+    fetched over HTTP into RAM, and the layers' boot checks pass there too."""
+    from builder.plan import Test
+
+    art = built_gpu_node.node
+    tests = [t for t in built_gpu_node.plan.tests if t.scope == "boot" and t.layer in ("sysctl", "kernel-args")]
+    in_ram = Test("the root is in RAM", "netboot", "boot", "command",
+                  {"run": "findmnt -n -o FSTYPE /", "exit": 0, "timeout": 30, "stdout": {"contains": ["tmpfs"]}},
+                  (), "tests/test_node.py", None)
+    o = boot.boot(art, "netboot", tmp_path / "netboot.log", tests=[*tests, in_ram])
+    assert o.verdict == "passed", (o.reason, o.tail())
+    assert "boot=nodeforge-net" in o.log.read_text(errors="replace")
+    for i, t in enumerate([*tests, in_ram]):
+        assert boot.guest.judge(t, *o.report.probes[i]) == "", t.name
