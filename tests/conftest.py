@@ -53,7 +53,7 @@ def built_gpu_node(docker_client):  # type: ignore[no-untyped-def]
 
 
 # the CUDA images the suite verifies; building their parents too (container-base, each chain)
-CUDA_IMAGES = ["cuda-11.8-devel", "cuda-12.9-runtime", "cuda-13.0-devel", "cupy-cuda12.9"]
+CUDA_IMAGES = ["cuda-11.8-devel", "cuda-12.9-runtime", "cuda-13.0-devel", "cupy-cuda12.9", "cuda-11.8-base-slim"]
 
 
 @pytest.fixture(scope="session")

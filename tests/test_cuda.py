@@ -45,6 +45,29 @@ def test_cupy_example_uses_the_image_cuda_libraries(cuda_images, tree, tmp_path:
     assert status["CuPy imports and reports the image's CUDA runtime"] == "passed"
 
 
+def test_slim_image_has_no_docs_but_the_licences(cuda_images, docker_client, tree, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    slim, full = cuda_images["cuda-11.8-base-slim"], cuda_images["cuda-11.8-base"]
+    assert verify.run_tests(slim.plan, tmp_path, False, tree, ref=slim.ref) == 0
+
+    def docs(ref: str) -> str:
+        out = docker_client.containers.run(ref, ["sh", "-c", "ls /usr/share/doc/libcudart11.0/"], entrypoint=[],
+                                           remove=True)
+        return str(out.decode())
+
+    assert "changelog.Debian.gz" in docs(full.ref)
+    assert docs(slim.ref).split() == ["copyright"]
+    assert slim.size < full.size
+
+
+def test_non_root_default_user(cuda_images, docker_client) -> None:  # type: ignore[no-untyped-def]
+    cupy = cuda_images["cupy-cuda12.9"]
+    assert docker_client.images.get(cupy.ref).attrs["Config"]["User"] == "app"
+    out = docker_client.containers.run(cupy.ref, ["id", "-u"], remove=True).decode().strip()
+    assert out == "1000"
+    parent = cuda_images["cuda-12.9-runtime"]
+    assert docker_client.images.get(parent.ref).attrs["Config"]["User"] in ("", "root")
+
+
 def test_chain_builds_from_each_other(cuda_images) -> None:  # type: ignore[no-untyped-def]
     for child, parent in (("cuda-11.8-runtime", "cuda-11.8-base"), ("cuda-11.8-devel", "cuda-11.8-runtime"),
                           ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime")):
