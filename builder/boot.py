@@ -143,7 +143,7 @@ class BootOutcome:
 
 
 def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = None, cmdline: str | None = None,
-         budget: float | None = None, progress: object = None) -> BootOutcome:
+         budget: float | None = None) -> BootOutcome:
     """Boot once and judge it. With tests, the checks disk is attached and the guest reports."""
     check_tools(mode)
     accel = detect_accel(art.path("kernel"))
@@ -281,7 +281,7 @@ def _judge(o: BootOutcome, tests: list[Test] | None) -> str:
     return "; ".join(problems[:6])
 
 
-def boot_tests(plan: BuildPlan, tests: list[Test]) -> tuple[list[Test], list[Result]]:
+def boot_tests(tests: list[Test]) -> tuple[list[Test], list[Result]]:
     ok = [t for t in tests if guest.runnable(t)]
     bad = [Result(t, "failed", f"{t.kind} checks do not run in a booted VM") for t in tests if t not in ok]
     return ok, bad
@@ -300,7 +300,7 @@ def artifacts_for(plan: BuildPlan, tree: Tree) -> NodeArtifacts:
 def run_boot_tests(plan: BuildPlan, tree: Tree, tests: list[Test], modes: tuple[str, ...] = MODES,
                    log_dir: Path | None = None) -> list[Result]:
     art = artifacts_for(plan, tree)
-    runnable, results = boot_tests(plan, tests)
+    runnable, results = boot_tests(tests)
     log_dir = log_dir or tree.root / "build" / "boot"
     for mode in modes:
         print(f"[{plan.image}] boot {mode}: {len(runnable)} checks ...", flush=True)

@@ -18,7 +18,6 @@ import re
 import shlex
 import tarfile
 from dataclasses import dataclass, field
-from typing import Any
 
 from .plan import Test
 from .verify import match_text
@@ -248,6 +247,3 @@ def runnable(test: Test) -> bool:
     except ValueError:
         return False
 
-
-def describe(tests: list[Test]) -> list[dict[str, Any]]:
-    return [{"id": i, "layer": t.layer, "name": t.name, "kind": t.kind} for i, t in enumerate(tests)]
