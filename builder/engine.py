@@ -41,6 +41,21 @@ def inspect(c: docker.DockerClient, ref: str) -> dict[str, Any]:
     return data
 
 
+END_MARK = "@@nodeforge-end"
+
+
+def finished_output(container: Any, what: str) -> str:
+    """Standard output of an exited container that prints END_MARK last. The engine can hand
+    out a short-lived container's log before its last lines are in: read again until the
+    marker is there."""
+    for _ in range(20):
+        out: str = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        if END_MARK in out:
+            return out
+        time.sleep(0.5)
+    raise EnvironmentProblem(f"{what}: the engine returned an incomplete log (no end marker); run it again")
+
+
 def split_ref(ref: str) -> tuple[str, str]:
     repo, _, tag = ref.rpartition(":")
     if not repo or "/" in tag:

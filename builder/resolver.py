@@ -10,7 +10,7 @@ import tarfile
 
 import docker
 
-from .engine import Progress, Timer
+from .engine import END_MARK, Progress, Timer, finished_output
 from .errors import BuildFailed
 from .lock import Lock
 from .plan import BuildPlan
@@ -30,6 +30,7 @@ def _script(plan: BuildPlan) -> str:
             pkgs = " ".join(shlex.quote(p) for p in cumulative)
             lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' || true")
             lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null || true")
+    lines.append(f"echo {END_MARK}")
     return "\n".join(lines) + "\n"
 
 
@@ -53,11 +54,11 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
             container.put_archive("/", _repo_files(plan))
             container.start()
             status = container.wait(timeout=900)
-            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
             if status.get("StatusCode", 1) != 0:
                 err = container.logs(stdout=False, stderr=True).decode(errors="replace")
                 raise BuildFailed(f"package resolution for {plan.image} failed:\n"
                                   + "\n".join(err.splitlines()[-15:]))
+            stdout = finished_output(container, f"package resolution for {plan.image}")
         finally:
             container.remove(force=True)
     layers: dict[str, dict[str, dict[str, str]]] = {}
@@ -129,6 +130,7 @@ for layer, requirements in layers:
         pinned[n] = w["version"]
     out["layers"][layer] = items
 print("@@nodeforge-wheels " + json.dumps(out))
+print("@@nodeforge-end")
 '''
 
 
@@ -165,10 +167,10 @@ def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
             container.put_archive("/", buf.getvalue())
             container.start()
             status = container.wait(timeout=900)
-            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
             if status.get("StatusCode", 1) != 0:
                 err = container.logs(stdout=False, stderr=True).decode(errors="replace")
                 raise BuildFailed(f"wheel resolution for {plan.image} failed:\n" + "\n".join(err.splitlines()[-15:]))
+            stdout = finished_output(container, f"wheel resolution for {plan.image}")
         finally:
             container.remove(force=True)
     line = next((x for x in stdout.splitlines() if x.startswith("@@nodeforge-wheels ")), None)

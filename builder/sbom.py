@@ -5,14 +5,17 @@ status file and the *.dist-info metadata of unpacked wheels - stored beside the 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
+import tarfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import docker
 
+from .errors import BuildFailed
 from .plan import BuildPlan
 from .verify import SESSION_LABEL, parse_dpkg_status
 
@@ -28,10 +31,26 @@ def path_for(root: Path, image: str) -> Path:
     return root / "build" / "images" / image / "sbom.spdx.json"
 
 
+_OUT = "/tmp/nodeforge-sbom.txt"
+
+
 def _read(c: docker.DockerClient, ref: str) -> str:
-    out: bytes = c.containers.run(ref, ["-c", _READ], entrypoint=["/bin/sh"], user="root", remove=True,
-                                  labels={SESSION_LABEL: "sbom"}, stdout=True, stderr=False)
-    return out.decode(errors="replace")
+    """The package databases, written to a file in a container and read back as an archive: the
+    engine's log stream of a short-lived container can lose its tail, an archive cannot."""
+    box = c.containers.create(ref, ["-c", f"{{ {_READ}; }} > {_OUT}"], entrypoint=["/bin/sh"], user="root",
+                              labels={SESSION_LABEL: "sbom"})
+    try:
+        box.start()
+        status = box.wait(timeout=300)
+        if status.get("StatusCode", 1) != 0:
+            raise BuildFailed(f"reading the package databases of {ref} failed (exit {status.get('StatusCode')})")
+        stream, _ = box.get_archive(_OUT)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            assert member is not None
+            return member.read().decode(errors="replace")
+    finally:
+        box.remove(force=True)
 
 
 def wheels_of(text: str) -> list[dict[str, str]]:
