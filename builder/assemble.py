@@ -146,15 +146,15 @@ def grub_config(art: NodeArtifacts, image: str, version: str) -> str:
     return "\n".join(lines)
 
 
-def ipxe_script(art: NodeArtifacts, image: str, version: str) -> str:
-    cmdline = " ".join(a for a in art.cmdline.split() if not a.startswith("root="))
+def ipxe_script(art: NodeArtifacts, image: str, version: str, root_sha256: str) -> str:
+    cmdline = " ".join(a for a in art.cmdline.split() if not a.startswith("root=") and a != "ro")
     return "\n".join([
         "#!ipxe",
         f"# nodeforge {image} {version} (assembly {art.key[:12]}): stateless netboot, root in RAM.",
         "# Serve this directory over HTTP and chain this script; base-url defaults to where it came from.",
         "isset ${base-url} || set base-url ${cwduri}",
         f"kernel ${{base-url}}/{art.files['kernel']} initrd={art.files['initrd']} {cmdline} boot=nodeforge-net "
-        f"nodeforge.root=${{base-url}}/{art.files['rootfs']} ip=dhcp",
+        f"nodeforge.root=${{base-url}}/{art.files['rootfs']} nodeforge.root_sha256={root_sha256} ip=dhcp",
         f"initrd ${{base-url}}/{art.files['initrd']}",
         "boot", ""])
 
@@ -384,7 +384,8 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
                     raise BuildFailed("making the root archive failed")
             art.files["rootfs"] = "rootfs.tar.gz"
             art.files["ipxe"] = "boot.ipxe"
-            (work / "boot.ipxe").write_text(ipxe_script(art, name, plan.version))
+            root_sha = _sha256(work / "rootfs.tar.gz")
+            (work / "boot.ipxe").write_text(ipxe_script(art, name, plan.version, root_sha))
         step("netboot artifacts", t)
     with Timer() as t:
         art.sha256 = {f: _sha256(work / f) for f in sorted(art.files.values())}

@@ -37,6 +37,8 @@ FATAL = [
     (re.compile(r"Kernel panic - not syncing.*"), "kernel panic"),
     (re.compile(r"ALERT!.*does not exist.*|Gave up waiting for root.*"), "root file system not found"),
     (re.compile(r"Timed out waiting for device.*"), "a device never appeared"),
+    (re.compile(r"nodeforge-net: (no nodeforge\.root|tmpfs failed|could not|.* does not have sha256).*"),
+     "netboot failed"),
     (re.compile(r"You are in emergency mode.*|Entering emergency mode.*|Give root password for maintenance.*"),
      "emergency mode"),
     (re.compile(r"No bootable device.*"), "the firmware found nothing to boot"),
@@ -89,10 +91,11 @@ def detect_accel(kernel: Path, deadline: float = 10.0) -> str:
     return accel
 
 
-def netboot_cmdline(art: NodeArtifacts, url: str) -> str:
+def netboot_cmdline(art: NodeArtifacts, url: str, sha: str | None = None) -> str:
     """The command line boot.ipxe passes, with the root archive at url."""
     args = [a for a in art.cmdline.split() if not a.startswith("root=") and a != "ro"]
-    return " ".join([*args, "boot=nodeforge-net", f"nodeforge.root={url}", "ip=dhcp"])
+    sha = sha or art.sha256.get(art.files["rootfs"], "")
+    return " ".join([*args, "boot=nodeforge-net", f"nodeforge.root={url}", f"nodeforge.root_sha256={sha}", "ip=dhcp"])
 
 
 def qemu_command(art: NodeArtifacts, mode: str, accel: str, work: Path, checks: Path | None = None,
@@ -143,8 +146,9 @@ class BootOutcome:
 
 
 def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = None, cmdline: str | None = None,
-         budget: float | None = None) -> BootOutcome:
-    """Boot once and judge it. With tests, the checks disk is attached and the guest reports."""
+         budget: float | None = None, root_sha256: str | None = None) -> BootOutcome:
+    """Boot once and judge it. With tests, the checks disk is attached and the guest reports.
+    netboot serves the netboot artifacts over HTTP; root_sha256 replaces the archive's digest."""
     check_tools(mode)
     accel = detect_accel(art.path("kernel"))
     budget = budget or (BUDGET_KVM if accel == "kvm" else BUDGET_TCG)
@@ -164,7 +168,7 @@ def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = No
                 raise EnvironmentProblem(f"{art.image} has no netboot artifacts; add netboot to outputs.formats")
             server = serve(Path(art.dir))
             url = f"http://10.0.2.2:{server.server_address[1]}/{art.files['rootfs']}"  # the host, seen from qemu
-            cmdline = cmdline or netboot_cmdline(art, url)
+            cmdline = cmdline or netboot_cmdline(art, url, root_sha256)
             memory = 1024 + 2 * art.root_mib  # the root lives in RAM
         cmd = qemu_command(art, mode, accel, work, checks, cmdline, memory=memory)
         start = time.monotonic()

@@ -46,6 +46,7 @@ def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_gpu_node) -> Non
     assert ipxe.startswith("#!ipxe")
     for name in ("vmlinuz", "initrd.img", "rootfs.tar.gz", "boot=nodeforge-net", "module_blacklist=nouveau"):
         assert name in ipxe
+    assert f"nodeforge.root_sha256={sums['rootfs.tar.gz']}" in ipxe
 
 
 def test_disk_holds_boot_loaders_and_a_clean_root(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -208,3 +209,12 @@ def test_netboot_artifacts_boot_with_the_root_in_ram(built_gpu_node, tmp_path: P
     assert "boot=nodeforge-net" in o.log.read_text(errors="replace")
     for i, t in enumerate([*tests, in_ram]):
         assert boot.guest.judge(t, *o.report.probes[i]) == "", t.name
+
+
+def test_netboot_refuses_a_root_archive_with_the_wrong_sha256(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    art = built_gpu_node.node
+    good = art.sha256["rootfs.tar.gz"]
+    bad = ("0" if good[0] != "0" else "1") + good[1:]
+    o = boot.boot(art, "netboot", tmp_path / "bad-sum.log", tests=[], root_sha256=bad)
+    assert o.verdict == "failed"
+    assert o.reason.startswith("netboot failed") and "does not have sha256" in o.reason, o.reason
