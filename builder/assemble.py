@@ -374,6 +374,7 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
     shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
     shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", work / "initrd.img")
     art.files.update(kernel="vmlinuz", initrd="initrd.img")
+    root_sha = ""
     if "netboot" in formats:
         with Timer() as t:
             with (work / "rootfs.tar.gz").open("wb") as f:
@@ -388,7 +389,8 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
             (work / "boot.ipxe").write_text(ipxe_script(art, name, plan.version, root_sha))
         step("netboot artifacts", t)
     with Timer() as t:
-        art.sha256 = {f: _sha256(work / f) for f in sorted(art.files.values())}
+        known = {"rootfs.tar.gz": root_sha} if "netboot" in formats else {}
+        art.sha256 = {f: known.get(f) or _sha256(work / f) for f in sorted(art.files.values())}
         (work / "SHA256SUMS").write_text("".join(f"{h}  {f}\n" for f, h in art.sha256.items()))
     step("checksums", t)
     return art

@@ -20,7 +20,7 @@ import tarfile
 from dataclasses import dataclass, field
 
 from .plan import Test
-from .verify import match_text
+from .verify import judge_package, match_text, package_query
 
 MARKER = "@@NODEFORGE@@"
 OUT_LIMIT, ERR_LIMIT = 262144, 65536
@@ -81,7 +81,7 @@ def probe_script(test: Test) -> str:
         return f"echo enabled=$(systemctl is-enabled {q(s['name'])} 2>&1)\n" \
                f"echo active=$(systemctl is-active {q(s['name'])} 2>&1)\n"
     if test.kind == "package":
-        return f"dpkg-query -W -f='${{Status}} ${{Version}}' {q(s['name'])}\n"
+        return package_query(q(s["name"])) + "\n"
     if test.kind == "file":
         p = q(s["path"])
         return (f"[ -e {p} ] || [ -L {p} ] || exit 3\nstat -c '%a %U %G %F' {p}\nreadlink {p} || echo\n"
@@ -205,12 +205,7 @@ def judge(test: Test, code: int, out: str, err: str) -> str:
             return f"{s['name']} is {f.get('active', '?')}"
         return ""
     if test.kind == "package":
-        installed = code == 0 and "install ok installed" in out
-        if s.get("installed", True) != installed:
-            return f"{s['name']} is {'installed' if installed else 'not installed'}"
-        if installed and s.get("version") and not out.endswith(" " + s["version"]):
-            return f"{s['name']} is {out.split()[-1]}, expected {s['version']}"
-        return ""
+        return judge_package(s, code, out)
     if test.kind == "file":
         exists = code != 3
         if not s.get("exists", True):

@@ -334,6 +334,20 @@ def check_entrypoint(ref: str, spec: dict[str, Any], gpu: bool = False) -> tuple
     return match_text(spec.get("stdout"), out, "stdout") or match_text(spec.get("stderr"), err, "stderr"), output
 
 
+def package_query(name: str) -> str:
+    return f"dpkg-query -W -f='${{Status}} ${{Version}}' {name}"
+
+
+def judge_package(spec: dict[str, Any], code: int, out: str) -> str:
+    """The verdict on package_query's output (in a container or a booted VM)."""
+    installed = code == 0 and "install ok installed" in out
+    if spec.get("installed", True) != installed:
+        return f"{spec['name']} is {'installed' if installed else 'not installed'}"
+    if installed and spec.get("version") and not out.endswith(" " + spec["version"]):
+        return f"{spec['name']} is {out.split()[-1]}, expected {spec['version']}"
+    return ""
+
+
 def check_in_container(box: TestContainer, test: Test) -> tuple[str, str]:
     spec = test.spec
     if test.kind == "command":
@@ -341,13 +355,8 @@ def check_in_container(box: TestContainer, test: Test) -> tuple[str, str]:
     if test.kind == "entrypoint":
         return check_entrypoint(box.ref, spec, gpu="gpu" in test.requires)
     if test.kind == "package":
-        code, out, _, _ = box.exec(f"dpkg-query -W -f='${{Status}} ${{Version}}' {spec['name']}", 30)
-        installed = code == 0 and "install ok installed" in out
-        if spec.get("installed", True) != installed:
-            return f"{spec['name']} is {'installed' if installed else 'not installed'}", out
-        if installed and spec.get("version") and not out.endswith(" " + spec["version"]):
-            return f"{spec['name']} is {out.split()[-1]}, expected {spec['version']}", out
-        return "", out
+        code, out, _, _ = box.exec(package_query(spec["name"]), 30)
+        return judge_package(spec, code, out), out
     if test.kind == "file":
         code, out, _, _ = box.exec(f"stat -c '%a %U %G %F' {spec['path']}", 30)
         if code != 0:
