@@ -1,7 +1,6 @@
 """Boot time to verdict per boot mode: images/gpu-node.yaml (configs/default.yaml) booted with its
 boot-scope checks, from power-on to the verdict on the serial console, and the guest's own
-systemd-analyze figure; netboot boots the netboot artifacts over HTTP with the root in RAM
-(there the kernel layer's check of the labelled root disk fails by design: there is no disk).
+systemd-analyze figure; netboot boots the netboot artifacts over HTTP with the root in RAM.
 `python benchmarks/boot.py [MODE...]` prints the table; run() returns rows."""
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def write_bios_boot(disk: Path, core: bytes) -> None:
         f.write(core_img)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(4 * MIB):
@@ -385,12 +385,12 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
                     raise BuildFailed("making the root archive failed")
             art.files["rootfs"] = "rootfs.tar.gz"
             art.files["ipxe"] = "boot.ipxe"
-            root_sha = _sha256(work / "rootfs.tar.gz")
+            root_sha = sha256_file(work / "rootfs.tar.gz")
             (work / "boot.ipxe").write_text(ipxe_script(art, name, plan.version, root_sha))
         step("netboot artifacts", t)
     with Timer() as t:
         known = {"rootfs.tar.gz": root_sha} if "netboot" in formats else {}
-        art.sha256 = {f: known.get(f) or _sha256(work / f) for f in sorted(art.files.values())}
+        art.sha256 = {f: known.get(f) or sha256_file(work / f) for f in sorted(art.files.values())}
         (work / "SHA256SUMS").write_text("".join(f"{h}  {f}\n" for f, h in art.sha256.items()))
     step("checksums", t)
     return art

@@ -277,7 +277,7 @@ def _judge(o: BootOutcome, tests: list[Test] | None) -> str:
     problems = []
     if r.failed_units:
         problems.append(f"failed units: {', '.join(r.failed_units)}")
-    if r.state not in ("running",) and not r.failed_units:
+    if r.state != "running" and not r.failed_units:
         problems.append(f"system state {r.state or 'unknown'}")
     for line in r.journal + o.noted:
         if line not in problems:

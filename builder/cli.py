@@ -154,16 +154,16 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def _modes(text: str | None) -> tuple[str, ...]:
-    from .boot import MODES
+    from .boot import ALL_MODES, MODES
     from .errors import UsageError
 
     if not text:
         return MODES
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
         raise UsageError(f"--boot-modes: unknown mode {', '.join(bad) or '(none)'}; expected some of "
-                         f"{','.join(MODES)}")
+                         f"{','.join(ALL_MODES)}")
     return modes
 
 
@@ -276,13 +276,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--report", default="build/reports", help="directory for the reports")
     sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
     sp.add_argument("--boot-modes", default=None, metavar="MODES",
-                    help="comma-separated: direct,uefi,bios (default: all three; implies --boot)")
+                    help="comma-separated: direct,uefi,bios,netboot (default: the three disk modes; "
+                    "implies --boot)")
     sp.set_defaults(func=cmd_test)
 
     sp = sub.add_parser("boot", help="boot a node image's disk with the serial console on this terminal")
     sp.add_argument("image")
     common(sp)
-    sp.add_argument("--mode", choices=["direct", "uefi", "bios"], default="uefi")
+    sp.add_argument("--mode", choices=["direct", "uefi", "bios"], default="uefi", help="how the disk boots")
     sp.add_argument("--append", default="", help="extra kernel arguments (direct mode)")
     sp.set_defaults(func=cmd_boot)
 

@@ -8,7 +8,6 @@ image (machine-id, SSH host keys, Packer's key)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shlex
@@ -17,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from . import assemble
 from .dockerfile import APPLY_DIR, write_context
 from .engine import Progress
 from .errors import BuildFailed, EnvironmentProblem, UsageError
@@ -186,7 +186,7 @@ def export(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[str,
     steps = [(i, s) for i, s in enumerate(plan.steps, start=1) if s.layer in applied]
     for i, s in steps:
         write_context(s, layers_dir / f"{i:02d}-{s.layer}")
-    sha = result.node.sha256.get("disk.qcow2") or hashlib.sha256((dest / "base/disk.qcow2").read_bytes()).hexdigest()
+    sha = result.node.sha256.get("disk.qcow2") or assemble.sha256_file(dest / "base" / "disk.qcow2")
     path = dest / "template.json"
     tmp = path.with_name(".template.json.tmp")
     tmp.write_text(json.dumps(template(plan, steps, sha), indent=2) + "\n")

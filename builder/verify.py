@@ -438,10 +438,9 @@ def run_tests(plan: BuildPlan, report_dir: Path, boot: bool, tree: Tree, ref: st
             results += [Result(t, "not-run", "boot scope: runs in a booted VM (nodeforge test --boot)")
                         for t in boot_tests]
         else:
-            from .boot import run_boot_tests
+            from .boot import MODES, run_boot_tests
 
-            results += run_boot_tests(plan, tree, boot_tests, boot_modes) if boot_modes else \
-                run_boot_tests(plan, tree, boot_tests)
+            results += run_boot_tests(plan, tree, boot_tests, boot_modes or MODES)
     write_reports(plan, results, report_dir)
     summary(plan, results)
     return EXIT_FAIL if any(r.status == "failed" for r in results) else EXIT_OK

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   docker-registry                                       # a real registry on 127.0.0.1 for publish tests
   prometheus                                            # promtool for alert rules
   packer                                                # Packer export is validated and built for real
+  openssh-client                                        # ssh-keygen: the key Packer logs in with
   git ca-certificates
 )
 VENV=${VENV:-.venv}
