@@ -126,7 +126,8 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
                     f"found {image.data['kind']!r}", "a node image builds on a node image")
     base = _base(tree, image, out, parent)
     inherited = parent.inherited_layers + tuple(s.layer for s in parent.steps) if parent else ()
-    resolved = resolve(tree, image, inherited, out)
+    extra = tuple(config.data["layers"][image.data["kind"]]) if config else ()
+    resolved = resolve(tree, image, inherited, out, extra)
     out.raise_if_any()
     settings = resolve_params(tree, resolved.order, image, config, sets or [], out)
     out.raise_if_any()
@@ -147,6 +148,7 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
     for index, name in enumerate(resolved.order, start=1):
         layer = tree.layers[name]
         ctx = {**all_params[name], "params": all_params, "site": site, "image": image_ctx}
+        _check_asserts(layer, ctx, out)
         step, layer_tests = _layer_step(layer, index + len(inherited), ctx, settings[name], merged, parent_key,
                                         locked, out)
         if step is None:
@@ -186,6 +188,22 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
         packages=dict(merged.packages), files=dict(merged.files), tests=tuple(tests),
         outputs=dict(image.data["outputs"]), inherited_layers=inherited, user=image.data.get("user"),
     )
+
+
+FALSE_WORDS = ("", "false", "0", "no", "none")
+
+
+def _check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector) -> None:
+    """A layer's `asserts`: conditions on parameter values, checked before anything is built."""
+    env = environment(layer.dir / "files")
+    for i, a in enumerate(layer.data["asserts"]):
+        line = layer.line("asserts", i)
+        that = render_string(env, a["that"], ctx, out, layer.file, line, f"asserts[{i}].that")
+        if that is None or that.strip().lower() not in FALSE_WORDS:
+            continue
+        message = render_string(env, a["message"], ctx, out, layer.file, line, f"asserts[{i}].message")
+        remedy = render_string(env, a["remedy"], ctx, out, layer.file, line, f"asserts[{i}].remedy")
+        out.add(layer.file, line, f"asserts.{a['name']}", message or a["name"], remedy or "", f"assert/{a['name']}")
 
 
 def _inherit(merged: Merged, parent: BuildPlan) -> None:

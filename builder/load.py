@@ -248,6 +248,11 @@ def load_tree(root: Path) -> Tree:
         if data.get("name") and data["name"] != path.stem:
             out.add(rel, line_of(raw, "name"), "name",
                     f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+        for kind, names in data["layers"].items():
+            for i, lname in enumerate(names):
+                if lname not in layers:
+                    out.add(rel, line_of(raw["layers"][kind], i), f"layers.{kind}[{i}]",
+                            f"no layer named {lname!r}", "layers: " + ", ".join(sorted(layers)))
         configs[path.stem] = Config(path.stem, rel, data, raw)
     out.raise_if_any()
     return Tree(root, layers, images, configs)

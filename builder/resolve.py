@@ -17,9 +17,12 @@ class Resolved:
     pulled_in: dict[str, str]  # layer -> the layer that required it
 
 
-def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector) -> Resolved:
+def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector,
+            extra: tuple[str, ...] = ()) -> Resolved:
+    """`extra`: layers a config adds after the image's own (skipped when already present)."""
     listed = [name for name, _, _ in image.layer_refs]
     lines = {name: line for name, _, line in image.layer_refs}
+    listed += [name for name in extra if name not in listed and name not in inherited]
     for name in listed:
         if name not in tree.layers:
             out.add(image.file, lines.get(name), f"layers.{name}", f"no layer named {name!r}",

@@ -429,6 +429,13 @@ LAYER = Struct({
         "name": Field(Str(), "what the step does", required=True),
         "run": Field(Str(), "shell, run with bash -euo pipefail inside the image", required=True),
     })), "build-time shell: the escape hatch", default=[]),
+    "asserts": Field(ListOf(Struct({
+        "name": Field(NAME, "what the assertion guards, as a name", required=True),
+        "that": Field(Str(), "a template; the image is rejected when it renders false, 0, no or empty",
+                      required=True),
+        "message": Field(Str(), "what is wrong (a template: name the values)", required=True),
+        "remedy": Field(Str(), "how to fix it (a template)", default=""),
+    })), "conditions on parameter values that composing checks (versions that must match, ...)", default=[]),
     "tests": Field(ListOf(TEST), "checks that travel with the layer", default=[]),
 }, "a layer definition")
 
@@ -486,5 +493,12 @@ CONFIG = Struct({
         "registry": Field(Str(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", "host[:port][/path]"),
                           "registry to publish to", default=None),
     }), "site facts, available to templates as site.*", default=None),
+    "layers": Field(Struct({
+        "node": Field(ListOf(NAME, unique=True), "layers added to every node image built with this config",
+                      default=[]),
+        "container": Field(ListOf(NAME, unique=True),
+                           "layers added to every container image built with this config", default=[]),
+    }), "layers this site adds, after the image's own (an image that inherits them from its parent does not "
+        "add them again)", default={"node": [], "container": []}),
     "params": Field(MapOf(NAME, LAYER_REF_VALUE), "parameter values per layer", default={}),
 }, "a config definition")
