@@ -15,10 +15,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(modes: tuple[str, ...] | None = None) -> list[tuple[object, ...]]:
-    from builder import boot
-    from builder.build import Builder
-    from builder.engine import Progress
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
+    from builder.progress import Progress
+    from builder.verify import boot
 
     tree = load_tree(ROOT)
     (result,) = Builder(tree, "default", [], Progress(quiet=True)).build(["gpu-node"])

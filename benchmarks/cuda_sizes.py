@@ -31,10 +31,13 @@ def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
 
 
 def run(images: list[str] | None = None) -> list[tuple[str, int, int]]:
-    from builder import engine, lock, trust
-    from builder.build import Builder, _engine_build
-    from builder.engine import Progress
-    from builder.load import load_tree
+    from builder import lockfile as lock
+    from builder.definitions.load import load_tree
+    from builder.engine import client as engine
+    from builder.engine import trust
+    from builder.engine.steps import engine_build
+    from builder.pipeline import Builder
+    from builder.progress import Progress
 
     tree = load_tree(ROOT)
     builder = Builder(tree, None, [], Progress(quiet=True))
@@ -58,7 +61,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, int, int]]:
         tag = f"nodeforge-bench/plain-{name}:latest"
         ca = trust.extra_ca()
         with tempfile.TemporaryDirectory() as tmp:
-            _engine_build(c, Path(tmp), plain_dockerfile(base.ref, sorted(set(apt)), sorted(set(wheels))), tag,
+            engine_build(c, Path(tmp), plain_dockerfile(base.ref, sorted(set(apt)), sorted(set(wheels))), tag,
                           ROOT / "build" / "logs" / "bench" / f"plain-{name}.log",
                           {"NODEFORGE_CA_BUNDLE": ca} if ca and wheels else None)
         rows.append((name, builder.results[name].size, engine.inspect(c, tag)["Size"]))

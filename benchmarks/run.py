@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NODEFORGE = [sys.executable, "-m", "builder.cli"]
+NODEFORGE = [sys.executable, "-m", "builder"]
 
 
 def noop_rebuild(runs: int = 5) -> list[float]:

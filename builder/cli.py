@@ -15,7 +15,7 @@ from .errors import EXIT_USAGE, NodeforgeError
 
 
 def _tree(args: argparse.Namespace) -> Any:
-    from .load import load_tree
+    from .definitions.load import load_tree
 
     return load_tree(Path(args.root))
 
@@ -30,7 +30,7 @@ def _root_for(image_arg: str, root: str | None) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .compose import compose
+    from .compose.image import compose
 
     tree = _tree(args)
     problems: list[Any] = []
@@ -50,14 +50,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _sets(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
-    from .params import parse_sets
+    from .compose.params import parse_sets
 
     return parse_sets(args.set or [])
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .compose import compose
-    from .explain import explain
+    from .compose.explain import explain
+    from .compose.image import compose
 
     tree = _tree(args)
     plan = compose(tree, args.image, args.config, _sets(args))
@@ -69,9 +69,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from .bootstrap import base_ref, mmdebstrap_command
-    from .compose import compose
-    from .dockerfile import render
+    from .compose.image import compose
+    from .engine.bootstrap import base_ref, mmdebstrap_command
+    from .engine.dockerfile import render
 
     tree = _tree(args)
     plan = compose(tree, args.image, args.config, _sets(args))
@@ -92,8 +92,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import Builder
-    from .engine import Progress
+    from .pipeline import Builder
+    from .progress import Progress
 
     tree = _tree(args)
     builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked)
@@ -109,8 +109,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from .build import Builder
-    from .engine import Progress
+    from .pipeline import Builder
+    from .progress import Progress
 
     tree = _tree(args)
     progress = Progress()
@@ -119,7 +119,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     parent = image.data["from"].get("image")
     if parent:
         builder.build([parent], jobs=1)
-    from . import bootstrap, engine, lock, resolver
+    from . import lockfile as lock
+    from .engine import bootstrap
+    from .engine import client as engine
+    from .engine import resolve as resolver
 
     c = engine.client()
     plan = builder.plan(image.name)
@@ -143,8 +146,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from .compose import compose
-    from .verify import run_tests
+    from .compose.image import compose
+    from .verify.run import run_tests
 
     tree = _tree(args)
     plan = compose(tree, args.image, args.config, _sets(args))
@@ -154,8 +157,8 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def _modes(text: str | None) -> tuple[str, ...]:
-    from .boot import ALL_MODES, MODES
     from .errors import UsageError
+    from .verify.boot import ALL_MODES, MODES
 
     if not text:
         return MODES
@@ -168,8 +171,8 @@ def _modes(text: str | None) -> tuple[str, ...]:
 
 
 def cmd_boot(args: argparse.Namespace) -> int:
-    from . import boot
-    from .compose import compose
+    from .compose.image import compose
+    from .verify import boot
 
     tree = _tree(args)
     plan = compose(tree, args.image, args.config, _sets(args))
@@ -179,7 +182,7 @@ def cmd_boot(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .packer_export import export
+    from .export.packer import export
 
     tree = _tree(args)
     out = export(tree, args.image, args.config, _sets(args), Path(args.dir))
@@ -188,8 +191,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from . import engine, publish
-    from .compose import compose
+    from . import publish
+    from .compose.image import compose
+    from .engine import client as engine
 
     tree = _tree(args)
     registry = args.registry
@@ -210,8 +214,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from . import engine
     from .diff import diff
+    from .engine import client as engine
 
     lines = diff(engine.client(), args.a, args.b, all_files=args.all)
     print("\n".join(lines))
@@ -219,8 +223,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .schema import CONFIG, IMAGE, LAYER
-    from .schema_doc import document
+    from .definitions.reference import document
+    from .definitions.tables import CONFIG, IMAGE, LAYER
 
     table = {"layer": LAYER, "image": IMAGE, "config": CONFIG}
     for name in (args.kind,) if args.kind else table:

@@ -12,9 +12,10 @@ from typing import Any
 import docker
 import docker.errors
 
-from . import engine
+from .debian import parse_dpkg_status
+from .engine import client as engine
+from .engine.client import SESSION_LABEL
 from .errors import EnvironmentProblem
-from .verify import SESSION_LABEL, parse_dpkg_status
 
 # churn that says nothing about what a node runs
 _IGNORED = re.compile(r"^(var/lib/dpkg/|var/log/|var/cache/|var/lib/apt/|etc/ld\.so\.cache$|usr/lib/nodeforge/layers/)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from . import engine
+from .engine import client as engine
 from .errors import BuildFailed, EnvironmentProblem
 
 _DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")

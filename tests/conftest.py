@@ -28,14 +28,14 @@ def root() -> Path:
 def docker_client():  # type: ignore[no-untyped-def]
     if not engine_available():
         pytest.fail("no Docker Engine answers: run `make setup` (make test does)")
-    from builder import engine
+    from builder.engine import client as engine
 
     return engine.client()
 
 
 @pytest.fixture(scope="session")
 def tree():  # type: ignore[no-untyped-def]
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
 
     return load_tree(ROOT)
 
@@ -43,9 +43,9 @@ def tree():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def built_gpu_node(docker_client):  # type: ignore[no-untyped-def]
     """images/gpu-node.yaml with configs/default.yaml, built once (cached by key across runs)."""
-    from builder.build import Builder
-    from builder.engine import Progress
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
+    from builder.progress import Progress
 
     builder = Builder(load_tree(ROOT), "default", [], Progress())
     (result,) = builder.build(["gpu-node"])
@@ -61,9 +61,9 @@ def cuda_images(docker_client):  # type: ignore[no-untyped-def]
     """Every CUDA image (base, runtime, devel of each version), built once per session: name -> BuildResult.
     The 11.8 toolkit and the 12.x/13.x math libraries are large: the first build takes minutes,
     later sessions find every layer cached by key."""
-    from builder.build import Builder
-    from builder.engine import Progress
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
+    from builder.progress import Progress
 
     builder = Builder(load_tree(ROOT), None, [], Progress())
     builder.build(CUDA_IMAGES, jobs=2)

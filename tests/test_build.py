@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import Builder
-from builder.engine import Progress
-from builder.load import load_tree
+from builder.definitions.load import load_tree
+from builder.pipeline import Builder
+from builder.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = """name: {name}
@@ -156,7 +156,7 @@ def test_rendered_context_builds_with_plain_docker(docker_client, tiny_tree: Pat
 
 
 def test_docker_host_is_honoured(tiny_tree: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(tiny_tree), "build", "tiny"],
+    proc = subprocess.run([sys.executable, "-m", "builder", "--root", str(tiny_tree), "build", "tiny"],
                           capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert proc.returncode == 2
@@ -176,16 +176,16 @@ def cat(ref: str, *paths: str) -> str:
 
 
 def run_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(tree), *args],
+    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
                           capture_output=True, text=True, cwd=ROOT)
 
 
 def test_diff_between_two_builds(docker_client, tiny_tree: Path, built_gpu_node) -> None:  # type: ignore[no-untyped-def]
     build(tiny_tree, "tiny")
-    same = subprocess.run([sys.executable, "-m", "builder.cli", "diff", built_gpu_node.ref, built_gpu_node.ref],
+    same = subprocess.run([sys.executable, "-m", "builder", "diff", built_gpu_node.ref, built_gpu_node.ref],
                           capture_output=True, text=True, cwd=ROOT)
     assert same.returncode == 0 and len(same.stdout.splitlines()) == 2
-    proc = subprocess.run([sys.executable, "-m", "builder.cli", "diff", "nodeforge-test/tiny:1.0", built_gpu_node.ref],
+    proc = subprocess.run([sys.executable, "-m", "builder", "diff", "nodeforge-test/tiny:1.0", built_gpu_node.ref],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import kargs, sysctl
+from builder.checks import kargs, sysctl
 from builder.compose import compose
+from builder.compose.params import parse_sets
+from builder.definitions.load import load_tree
 from builder.errors import DefinitionError
-from builder.load import load_tree
-from builder.params import parse_sets
 
 
 def write(tree: Path, rel: str, text: str) -> None:
@@ -167,7 +167,7 @@ def test_the_project_tree_validates(capsys) -> None:  # type: ignore[no-untyped-
 
 def test_schema_reference_lists_every_layer_key(capsys) -> None:  # type: ignore[no-untyped-def]
     from builder.cli import main
-    from builder.schema import LAYER
+    from builder.definitions.tables import LAYER
 
     assert main(["schema", "layer"]) == 0
     out = capsys.readouterr().out

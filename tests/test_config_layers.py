@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from builder.compose import compose
+from builder.definitions.load import load_tree
 from builder.errors import DefinitionError
-from builder.load import load_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 

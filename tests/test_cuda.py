@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import publish, sbom, verify
+from builder import publish
 from builder.compose import compose
+from builder.engine import sbom
+from builder.verify import run as verify
 
 CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]

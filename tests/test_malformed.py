@@ -26,7 +26,7 @@ def snapshot(tree: Path) -> set[str]:
 
 
 def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(tree), *args],
+    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
                           capture_output=True, text=True, cwd=Path(__file__).parent.parent)
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import assemble, boot
-from builder.engine import Progress
+from builder.node import assemble
+from builder.progress import Progress
+from builder.verify import boot
 
 BOOT_LAYERS = {"kernel", "sysctl", "kernel-args", "monitoring"}
 
@@ -76,8 +77,8 @@ def test_disk_holds_boot_loaders_and_a_clean_root(built_gpu_node, tmp_path: Path
 
 
 def test_unchanged_node_image_is_not_reassembled(built_gpu_node) -> None:  # type: ignore[no-untyped-def]
-    from builder.build import Builder
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
 
     lines: list[str] = []
 
@@ -99,8 +100,8 @@ def test_unchanged_node_image_is_not_reassembled(built_gpu_node) -> None:  # typ
 @pytest.fixture(scope="module")
 def boot_report(built_gpu_node, tmp_path_factory):  # type: ignore[no-untyped-def]
     """nodeforge test --boot on gpu-node: all three modes, one report."""
-    from builder.load import load_tree
-    from builder.verify import run_tests
+    from builder.definitions.load import load_tree
+    from builder.verify.run import run_tests
 
     report = tmp_path_factory.mktemp("boot-report")
     tree = load_tree(Path(built_gpu_node.node.dir).parents[2])
@@ -174,9 +175,9 @@ BROKEN_IMAGE = textwrap.dedent("""\
 
 
 def test_failing_unit_fails_the_boot_with_its_name(built_gpu_node, scratch_tree: Path) -> None:  # type: ignore[no-untyped-def]
-    from builder.build import Builder
     from builder.compose import compose
-    from builder.load import load_tree
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
 
     (scratch_tree / "layers" / "failing-unit").mkdir()
     (scratch_tree / "layers" / "failing-unit" / "layer.yaml").write_text(BROKEN_LAYER)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import assemble, boot
 from builder.compose import compose
-from builder.load import load_tree
+from builder.definitions.load import load_tree
+from builder.node import assemble
+from builder.verify import boot
 
 SMALL_NODE = textwrap.dedent("""\
     name: small-node
@@ -36,7 +37,7 @@ SMALL_NODE = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def exported(docker_client, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from builder.packer_export import export
+    from builder.export.packer import export
 
     root = tmp_path_factory.mktemp("packer-tree")
     here = Path(__file__).resolve().parent.parent

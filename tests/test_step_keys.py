@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from builder.compose import compose
-from builder.load import load_tree
+from builder.definitions.load import load_tree
 from builder.plan import BuildPlan, digest
 
 KEYS_TREE = Path(__file__).resolve().parent / "fixtures" / "keys-tree"

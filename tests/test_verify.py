@@ -74,7 +74,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory, docker_client) -> Path:  #
 
 
 def cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(tree), *args],
+    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
                           capture_output=True, text=True, cwd=ROOT)
 
 
@@ -107,7 +107,7 @@ def test_failing_checks_fail_with_reasons(checked: Path, tmp_path: Path) -> None
 
 
 def test_gpu_node_passes_its_tests(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = subprocess.run([sys.executable, "-m", "builder.cli", "test", "images/gpu-node.yaml", "-c", "default",
+    proc = subprocess.run([sys.executable, "-m", "builder", "test", "images/gpu-node.yaml", "-c", "default",
                            "--report", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "gpu-node.json").read_text())
@@ -129,7 +129,7 @@ def test_unbuilt_image_is_an_environment_error(tmp_path: Path) -> None:
 
 
 def test_dpkg_status_parser() -> None:
-    from builder.verify import parse_dpkg_status
+    from builder.debian import parse_dpkg_status
 
     text = ("Package: a\nStatus: install ok installed\nVersion: 1\n\n"
             "Package: b\nStatus: deinstall ok config-files\nVersion: 2\n\n"

@@ -1,0 +1,112 @@
+"""The layer DAG: requires, provides, conflicts, applies-to; a stable topological order.
+
+Like diskimage-builder's element-deps: a required layer that exists is pulled in; a required
+name that only some layer provides must be satisfied by a layer the image lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..definitions.load import Image, Layer, Tree
+from ..errors import Collector
+
+
+@dataclass(frozen=True)
+class Resolved:
+    order: tuple[str, ...]
+    pulled_in: dict[str, str]  # layer -> the layer that required it
+
+
+def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector,
+            extra: tuple[str, ...] = ()) -> Resolved:
+    """`extra`: layers a config adds after the image's own (skipped when already present)."""
+    listed = [name for name, _, _ in image.layer_refs]
+    lines = {name: line for name, _, line in image.layer_refs}
+    listed += [name for name in extra if name not in listed and name not in inherited]
+    for name in listed:
+        if name not in tree.layers:
+            out.add(image.file, lines.get(name), f"layers.{name}", f"no layer named {name!r}",
+                    "layers: " + ", ".join(sorted(tree.layers)))
+        elif name in inherited:
+            out.add(image.file, lines.get(name), f"layers.{name}",
+                    f"layer {name!r} is already in the parent image", "remove it from this image")
+    if len(set(listed)) != len(listed):
+        dup = next(n for n in listed if listed.count(n) > 1)
+        out.add(image.file, lines.get(dup), f"layers.{dup}", f"layer {dup!r} is listed twice", "list it once")
+    if out.problems:
+        return Resolved((), {})
+
+    chosen: list[str] = []
+    pulled: dict[str, str] = {}
+    pending = list(listed)
+    while pending:
+        name = pending.pop(0)
+        if name in chosen or name in inherited:
+            continue
+        chosen.append(name)
+        for req in tree.layers[name].data["requires"]:
+            if req in tree.layers and req not in chosen and req not in inherited and req not in pending:
+                pending.append(req)
+                pulled[req] = name
+
+    present = set(chosen) | set(inherited)
+    provided: dict[str, str] = {}
+    for name in (*inherited, *chosen):
+        provided[name] = name
+        for p in tree.layers[name].data["provides"]:
+            provided.setdefault(p, name)
+    kind = image.data["kind"]
+    for name in chosen:
+        layer = tree.layers[name]
+        if kind not in layer.data["applies-to"]:
+            out.add(image.file, lines.get(name, image.line("layers")), f"layers.{name}",
+                    f"layer {name!r} applies to {', '.join(layer.data['applies-to'])}, not a {kind} image",
+                    "remove it from this image or extend its applies-to")
+        for req in layer.data["requires"]:
+            if req not in provided:
+                providers = sorted(n for n, la in tree.layers.items() if req in la.data["provides"])
+                out.add(layer.file, layer.line("requires"), "requires",
+                        f"{name!r} requires {req!r}, which nothing in image {image.name!r} provides",
+                        ("add one of: " + ", ".join(providers)) if providers else "no layer provides it")
+        for c in layer.data["conflicts"]:
+            if c in provided and provided[c] != name:
+                out.add(layer.file, layer.line("conflicts"), "conflicts",
+                        f"{name!r} conflicts with {c!r} (from layer {provided[c]!r}) in image {image.name!r}",
+                        "remove one of the two layers from the image")
+    if out.problems:
+        return Resolved((), {})
+    return Resolved(tuple(_toposort(tree, chosen, present, out)), pulled)
+
+
+def _toposort(tree: Tree, chosen: list[str], present: set[str], out: Collector) -> list[str]:
+    provider = {}
+    for name in chosen:
+        provider[name] = name
+        for p in tree.layers[name].data["provides"]:
+            provider.setdefault(p, name)
+    deps = {n: [provider[r] for r in tree.layers[n].data["requires"] if r in provider and provider[r] != n]
+            for n in chosen}
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(n: str, stack: list[str]) -> bool:
+        if state.get(n) == 2:
+            return True
+        if state.get(n) == 1:
+            cycle = [*stack[stack.index(n):], n]
+            layer: Layer = tree.layers[n]
+            out.add(layer.file, layer.line("requires"), "requires",
+                    "dependency cycle: " + " -> ".join(cycle), "break the cycle by removing one requirement")
+            return False
+        state[n] = 1
+        for d in deps[n]:
+            if not visit(d, [*stack, n]):
+                return False
+        state[n] = 2
+        order.append(n)
+        return True
+
+    for n in chosen:
+        if not visit(n, []):
+            return []
+    return order

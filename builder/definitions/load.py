@@ -1,0 +1,259 @@
+"""Stage 1: read layers/, images/ and configs/ into validated, frozen definitions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import Collector, DefinitionError, Problem
+from .spec import describe, validate
+from .tables import CONFIG, IMAGE, LAYER
+from .yamlsrc import LDict, line_of, load_file
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    default: Any
+    doc: str
+    min: int | None = None
+    max: int | None = None
+    choices: tuple[Any, ...] | None = None
+    pattern: str | None = None
+
+    def coerce(self, value: Any) -> tuple[Any, str]:
+        """Return (value, "") or (None, what was wrong)."""
+        t = self.type
+        if value is None:
+            return None, "null"
+        if t == "bool":
+            if not isinstance(value, bool):
+                return None, f"expected true or false, found {describe(value)}"
+        elif t == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None, f"expected an integer, found {describe(value)}"
+        elif t == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None, f"expected a number, found {describe(value)}"
+            value = float(value)
+        elif t == "str":
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                return None, f"expected a string, found {describe(value)}"
+            value = str(value)
+        elif t == "list":
+            if not isinstance(value, list):
+                return None, f"expected a list, found {describe(value)}"
+            value = list(value)
+        if t in ("int", "float"):
+            if self.min is not None and value < self.min:
+                return None, f"expected a value >= {self.min}, found {value}"
+            if self.max is not None and value > self.max:
+                return None, f"expected a value <= {self.max}, found {value}"
+        if self.choices is not None and value not in self.choices:
+            return None, f"expected one of {', '.join(map(str, self.choices))}, found {value!r}"
+        if self.pattern and t == "str" and not re.fullmatch(self.pattern, value):
+            return None, f"expected a value matching {self.pattern!r}, found {value!r}"
+        return value, ""
+
+    def bounds(self) -> str:
+        parts = [self.type]
+        if self.min is not None or self.max is not None:
+            parts.append(f"{'' if self.min is None else self.min}..{'' if self.max is None else self.max}")
+        if self.choices:
+            parts.append("one of " + "|".join(map(str, self.choices)))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    file: str  # path relative to the tree root, as shown in messages
+    data: dict[str, Any]  # validated, with defaults
+    raw: Any  # the positioned YAML, for line numbers
+
+    def line(self, *keys: Any) -> int | None:
+        node = self.raw
+        line = line_of(node)
+        for k in keys:
+            if isinstance(node, dict | list) and (k in node if isinstance(node, dict) else
+                                                  isinstance(k, int) and k < len(node)):
+                line = line_of(node, k) or line
+                node = node[k]
+            else:
+                break
+        return line
+
+
+@dataclass(frozen=True)
+class Layer(Definition):
+    dir: Path = Path()
+    params: dict[str, Param] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Image(Definition):
+    layer_refs: tuple[tuple[str, dict[str, Any], int | None], ...] = ()  # (layer, params, line)
+
+
+@dataclass(frozen=True)
+class Config(Definition):
+    pass
+
+
+@dataclass(frozen=True)
+class Tree:
+    root: Path
+    layers: dict[str, Layer]
+    images: dict[str, Image]
+    configs: dict[str, Config]
+
+    def image(self, ref: str) -> Image:
+        name = _ref_name(ref, "images")
+        if name not in self.images:
+            raise DefinitionError([Problem(ref, None, "", "no such image",
+                                           "images: " + ", ".join(sorted(self.images)))])
+        return self.images[name]
+
+    def config(self, ref: str | None) -> Config | None:
+        if ref is None:
+            return None
+        name = _ref_name(ref, "configs")
+        if name not in self.configs:
+            raise DefinitionError([Problem(ref, None, "", "no such config",
+                                           "configs: " + ", ".join(sorted(self.configs)))])
+        return self.configs[name]
+
+
+def _ref_name(ref: str, folder: str) -> str:
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml"):
+        return p.stem
+    return ref
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
+    path = d / "layer.yaml"
+    rel = _rel(root, path)
+    if not path.is_file():
+        out.add(rel, None, "", "layer directory has no layer.yaml", "add one or remove the directory")
+        return None
+    try:
+        raw = load_file(path, rel)
+    except DefinitionError as e:
+        out.problems.extend(e.problems)
+        return None
+    before = len(out.problems)
+    data = validate(LAYER, raw, rel, out)
+    if not data or len(out.problems) > before:
+        return None
+    if data.get("name") and data["name"] != d.name:
+        out.add(rel, line_of(raw, "name"), "name",
+                f"expected the directory name {d.name!r}, found {data['name']!r}", "rename one of them")
+    params: dict[str, Param] = {}
+    for pname, p in data.get("params", {}).items():
+        choices = tuple(p["choices"]) if p.get("choices") is not None else None
+        param = Param(pname, p["type"], None, p["doc"], p.get("min"), p.get("max"), choices, p.get("pattern"))
+        value, why = param.coerce(p["default"])
+        if why:
+            out.add(rel, Definition("", rel, {}, raw).line("params", pname, "default"),
+                    f"params.{pname}.default", why)
+            continue
+        params[pname] = Param(pname, p["type"], value, p["doc"], param.min, param.max, choices, param.pattern)
+    for f in data.get("files", []):
+        if f.get("source") and not (d / "files" / f["source"]).is_file():
+            out.add(rel, None, f"files[{f['path']}].source",
+                    f"expected a file under {_rel(root, d / 'files')}/, found no {f['source']!r}",
+                    "add the file or fix the name")
+    for repo in data.get("packages", {}).get("repos", []):
+        if not (d / "files" / repo["key"]).is_file():
+            out.add(rel, None, f"packages.repos[{repo['name']}].key",
+                    f"expected a key file under {_rel(root, d / 'files')}/, found no {repo['key']!r}",
+                    "add the repository's signing key")
+    return Layer(d.name, rel, data, raw, dir=d, params=params)
+
+
+def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, dict[str, Any], int | None]]:
+    refs: list[tuple[str, dict[str, Any], int | None]] = []
+    if not isinstance(raw_layers, list):
+        return refs
+    for i, item in enumerate(raw_layers):
+        line = line_of(raw_layers, i)
+        if isinstance(item, str):
+            refs.append((item, {}, line))
+        elif isinstance(item, dict) and len(item) == 1:
+            (name, params), = item.items()
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                out.add(rel, line, f"layers[{i}].{name}",
+                        f"expected a mapping of parameter values, found {describe(params)}")
+                continue
+            refs.append((str(name), dict(params), line))
+        else:
+            out.add(rel, line, f"layers[{i}]",
+                    f"expected a layer name or {{name: {{param: value}}}}, found {describe(item)}")
+    return refs
+
+
+def load_tree(root: Path) -> Tree:
+    out = Collector()
+    root = root.resolve()
+    layers: dict[str, Layer] = {}
+    layer_dir = root / "layers"
+    if layer_dir.is_dir():
+        for d in sorted(p for p in layer_dir.iterdir() if p.is_dir()):
+            layer = _load_layer(root, d, out)
+            if layer:
+                layers[layer.name] = layer
+    images: dict[str, Image] = {}
+    for path in sorted((root / "images").glob("*.yaml")):
+        rel = _rel(root, path)
+        try:
+            raw = load_file(path, rel)
+        except DefinitionError as e:
+            out.problems.extend(e.problems)
+            continue
+        before = len(out.problems)
+        data = validate(IMAGE, raw, rel, out)
+        if not data or len(out.problems) > before:
+            continue
+        if data.get("name") and data["name"] != path.stem:
+            out.add(rel, line_of(raw, "name"), "name",
+                    f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+        refs = _layer_refs(raw.get("layers") if isinstance(raw, dict) else None, rel, out)
+        images[path.stem] = Image(path.stem, rel, data, raw, layer_refs=tuple(refs))
+    configs: dict[str, Config] = {}
+    for path in sorted((root / "configs").glob("*.yaml")):
+        rel = _rel(root, path)
+        try:
+            raw = load_file(path, rel)
+        except DefinitionError as e:
+            out.problems.extend(e.problems)
+            continue
+        before = len(out.problems)
+        data = validate(CONFIG, raw, rel, out)
+        if not data or len(out.problems) > before:
+            continue
+        if data.get("site") is None:
+            data["site"] = validate(CONFIG.fields["site"].spec, LDict(), rel, out)
+        if data.get("name") and data["name"] != path.stem:
+            out.add(rel, line_of(raw, "name"), "name",
+                    f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+        for kind, names in data["layers"].items():
+            for i, lname in enumerate(names):
+                if lname not in layers:
+                    out.add(rel, line_of(raw["layers"][kind], i), f"layers.{kind}[{i}]",
+                            f"no layer named {lname!r}", "layers: " + ", ".join(sorted(layers)))
+        configs[path.stem] = Config(path.stem, rel, data, raw)
+    out.raise_if_any()
+    return Tree(root, layers, images, configs)

@@ -1,0 +1,73 @@
+"""Stage 4: the base root filesystem with mmdebstrap, SOURCE_DATE_EPOCH fixed (bit-identical
+tarballs), imported into the engine and cached by key: in the engine and as a tarball."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import docker
+
+from ..errors import BuildFailed, EnvironmentProblem
+from ..plan import Base
+from ..progress import Progress, Timer
+from .client import BASE_REPO, image_exists
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("NODEFORGE_CACHE", Path.home() / ".cache" / "nodeforge"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def base_ref(base: Base) -> str:
+    return f"{BASE_REPO}:{base.key}"
+
+
+def mmdebstrap_command(base: Base, out: Path) -> list[str]:
+    assert base.debian is not None
+    deb = base.debian
+    cmd = ["mmdebstrap", f"--variant={deb['variant']}", f"--components={','.join(deb['components'])}",
+           "--aptopt=Acquire::Retries \"5\"", "--dpkgopt=force-unsafe-io"]
+    if deb["include"]:
+        cmd.append(f"--include={','.join(deb['include'])}")
+    return [*cmd, deb["suite"], str(out), deb["mirror"]]
+
+
+def tarball(base: Base, progress: Progress, image: str) -> Path:
+    target = cache_dir() / "bases" / f"{base.key}.tar"
+    if target.is_file():
+        return target
+    if shutil.which("mmdebstrap") is None:
+        raise EnvironmentProblem("mmdebstrap is not installed; run `make setup`")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp.tar")
+    cmd = mmdebstrap_command(base, tmp)
+    progress.say(image, f"base: {' '.join(cmd[:-2])} ... (SOURCE_DATE_EPOCH={base.epoch})")
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(base.epoch)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+        raise BuildFailed(f"mmdebstrap failed (exit {proc.returncode}):\n{tail}")
+    os.replace(tmp, target)
+    return target
+
+
+def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str) -> str:
+    ref = base_ref(base)
+    assert base.debian is not None
+    what = f"debian {base.debian['suite']} {base.debian['variant']}"
+    if image_exists(c, ref):
+        progress.say(image, f"base {what:<28} cached")
+        return ref
+    with Timer() as t:
+        tar = tarball(base, progress, image)
+        c.api.import_image(src=str(tar), repository=BASE_REPO, tag=base.key,
+                           changes=[f"ENV PATH={PATH}", 'CMD ["/bin/bash"]'])
+    progress.say(image, f"base {what:<28} built    {t.seconds:6.1f}s")
+    return ref

@@ -1,0 +1,188 @@
+"""Package resolution for the lock: simulate each layer's installs on the image's real base,
+layer by layer, in one throwaway container."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import tarfile
+
+import docker
+
+from ..errors import BuildFailed
+from ..lockfile import Lock
+from ..plan import BuildPlan
+from ..progress import Progress, Timer
+from .client import END_MARK, finished_output
+
+_INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)")
+_MARK = "@@nodeforge-layer "
+
+
+def _script(plan: BuildPlan) -> str:
+    lines = ["set -e", "export DEBIAN_FRONTEND=noninteractive", "apt-get update -q >&2"]
+    cumulative: list[str] = []
+    for step in plan.steps:
+        names = [p.partition("=")[0] for p in step.packages]
+        cumulative += names
+        lines.append(f"echo {shlex.quote(_MARK + step.layer)}")
+        if cumulative:
+            pkgs = " ".join(shlex.quote(p) for p in cumulative)
+            lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' || true")
+            lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null || true")
+    lines.append(f"echo {END_MARK}")
+    return "\n".join(lines) + "\n"
+
+
+def _repo_files(plan: BuildPlan) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for step in plan.steps:
+            for f in step.files:
+                if f.path.startswith(("/etc/apt/", "/usr/share/keyrings/")):
+                    data = f.content.encode() if f.content is not None else open(f.source or "", "rb").read()
+                    info = tarfile.TarInfo(f.path.lstrip("/"))
+                    info.size, info.mode = len(data), int(f.mode, 8)
+                    tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Progress) -> Lock:
+    with Timer() as t:
+        container = c.containers.create(base_ref, ["bash", "-c", _script(plan)], labels={"io.nodeforge.role": "lock"})
+        try:
+            container.put_archive("/", _repo_files(plan))
+            container.start()
+            status = container.wait(timeout=900)
+            if status.get("StatusCode", 1) != 0:
+                err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+                raise BuildFailed(f"package resolution for {plan.image} failed:\n"
+                                  + "\n".join(err.splitlines()[-15:]))
+            stdout = finished_output(container, f"package resolution for {plan.image}")
+        finally:
+            container.remove(force=True)
+    layers: dict[str, dict[str, dict[str, str]]] = {}
+    seen: dict[str, str] = {}
+    current = None
+    per_layer: dict[str, dict[str, str]] = {}
+    have: dict[str, dict[str, str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith(_MARK):
+            current = line[len(_MARK):]
+            per_layer[current], have[current] = {}, {}
+        elif current and (m := _INST.match(line)):
+            per_layer[current][m.group(1)] = m.group(2)
+        elif current and line.startswith("Have "):
+            _, pkg, ver = line.split(" ", 2)
+            have[current][pkg] = ver
+    for step in plan.steps:
+        names = [p.partition("=")[0] for p in step.packages]
+        sim = per_layer.get(step.layer, {})
+        new = {k: v for k, v in sim.items() if k not in seen}
+        direct = {}
+        for n in names:
+            v = sim.get(n) or seen.get(n) or have.get(step.layer, {}).get(n)
+            if v is None:
+                raise BuildFailed(f"package {n!r} of layer {step.layer!r} did not resolve on {base_ref}; "
+                                  "check the name and the layer's repositories")
+            direct[n] = v
+        layers[step.layer] = {"direct": direct, "deps": {k: v for k, v in new.items() if k not in direct}}
+        seen.update(new)
+    progress.say(plan.image, f"resolved {len(seen)} packages in {t.seconds:.1f}s")
+    return Lock(plan.image, plan.base.key, layers, resolve_wheels(c, plan, base_ref, progress))
+
+
+# --- wheels ---------------------------------------------------------------------------------------
+# In a throwaway container of the image's own base (its Python, its glibc): pip resolves each layer's
+# requirements, cumulatively and constrained by the wheels already in the base and in earlier
+# layers, and reports the exact version, URL and sha256 of every wheel file. pip stays out of the image.
+
+_PIP_RESOLVE = r'''
+import json, pathlib, re, subprocess, sys
+layers = json.loads(pathlib.Path("/tmp/nodeforge-pip.json").read_text())
+def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
+have = {}
+for meta in [m for top in ("/opt", "/usr/local") for m in pathlib.Path(top).glob("**/*.dist-info/METADATA")]:
+    fields = dict(l.split(": ", 1) for l in meta.read_text(errors="replace").splitlines()[:20] if ": " in l)
+    if "Name" in fields:
+        have[norm(fields["Name"])] = fields.get("Version", "")
+pinned = dict(have)
+reqs = []
+out = {"have": have, "layers": {}}
+for layer, requirements in layers:
+    reqs += requirements
+    pathlib.Path("/tmp/c.txt").write_text("".join(f"{n}=={v}\n" for n, v in pinned.items()))
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--break-system-packages",
+           "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--target", "/tmp/t",
+           "--report", "/tmp/r.json", "-c", "/tmp/c.txt", *reqs]
+    if subprocess.run(cmd).returncode != 0:
+        sys.exit(f"pip could not resolve the wheels of layer {layer}: {' '.join(requirements)}")
+    items = {}
+    for i in json.loads(pathlib.Path("/tmp/r.json").read_text())["install"]:
+        d = i["download_info"]
+        sha = (d.get("archive_info", {}).get("hashes") or {}).get("sha256") or \
+            d.get("archive_info", {}).get("hash", "=").split("=", 1)[1]
+        name = norm(i["metadata"]["name"])
+        if name in pinned and name not in [norm(re.split(r"[\s\[=<>!~;@]", r, maxsplit=1)[0]) for r in requirements]:
+            continue  # in the base or an earlier layer
+        items[name] = {"version": i["metadata"]["version"], "url": d["url"], "sha256": sha}
+    for n, w in items.items():
+        pinned[n] = w["version"]
+    out["layers"][layer] = items
+print("@@nodeforge-wheels " + json.dumps(out))
+print("@@nodeforge-end")
+'''
+
+
+def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
+                   progress: Progress) -> dict[str, dict[str, dict[str, str]]]:
+    """layer -> wheel name -> {version, url, sha256, direct} for every layer with packages.pip."""
+    import json
+
+    from ..lockfile import wheel_name
+
+    wanted = [(s.layer, list(s.wheels)) for s in plan.steps if s.wheels]
+    if not wanted:
+        return {}
+    from .trust import extra_ca
+
+    ca = extra_ca()
+    script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q >&2; "
+              "apt-get install -y -q --no-install-recommends python3-pip >&2; "
+              + ("cat /etc/ssl/certs/ca-certificates.crt /tmp/nodeforge-ca.pem >/tmp/ca-all.pem; "
+                 "export PIP_CERT=/tmp/ca-all.pem; " if ca else "")
+              + "python3 /tmp/nodeforge-pip.py")
+    with Timer() as t:
+        container = c.containers.create(base_ref, ["bash", "-c", script], entrypoint=[], user="root",
+                                        labels={"io.nodeforge.role": "lock"})
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for name, data in (("tmp/nodeforge-pip.py", _PIP_RESOLVE.encode()),
+                                   ("tmp/nodeforge-pip.json", json.dumps(wanted).encode()),
+                                   ("tmp/nodeforge-ca.pem", ca.encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            container.put_archive("/", buf.getvalue())
+            container.start()
+            status = container.wait(timeout=900)
+            if status.get("StatusCode", 1) != 0:
+                err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+                raise BuildFailed(f"wheel resolution for {plan.image} failed:\n" + "\n".join(err.splitlines()[-15:]))
+            stdout = finished_output(container, f"wheel resolution for {plan.image}")
+        finally:
+            container.remove(force=True)
+    line = next((x for x in stdout.splitlines() if x.startswith("@@nodeforge-wheels ")), None)
+    if line is None:
+        raise BuildFailed(f"wheel resolution for {plan.image} printed no result")
+    found = json.loads(line.split(" ", 1)[1])["layers"]
+    result: dict[str, dict[str, dict[str, str]]] = {}
+    for layer, reqs in wanted:
+        direct = {wheel_name(r) for r in reqs}
+        result[layer] = {n: {**w, "direct": "true" if n in direct else "false"}
+                         for n, w in found.get(layer, {}).items()}
+    count = sum(len(v) for v in result.values())
+    progress.say(plan.image, f"resolved {count} wheels in {t.seconds:.1f}s")
+    return result

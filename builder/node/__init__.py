@@ -1,0 +1,1 @@
+"""Stage 6, node images: assembly of disks and netboot artifacts from a built image."""

@@ -1,0 +1,207 @@
+"""The pipeline: what `nodeforge build` does for each image, in order: compose, lock policy,
+bootstrap, one cached engine build per layer step, the initramfs step, SBOM and labels, assembly.
+
+A step whose key exists in the engine (tag nodeforge-cache:<key>) is not rebuilt, so a no-op
+rebuild costs hashing and one inspect per step. Images build FROM other images of ours;
+independent images build in parallel."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from . import lockfile as lock
+from .compose.image import compose
+from .definitions.load import Tree
+from .engine import bootstrap, sbom, trust
+from .engine import cache as rebuild
+from .engine import client as engine
+from .engine import resolve as resolver
+from .engine.client import image_exists
+from .engine.dockerfile import label_fragment, step_dockerfile, write_context
+from .engine.labels import oci_labels
+from .engine.steps import engine_build, initramfs_step, step_ref
+from .errors import BuildFailed
+from .node import assemble
+from .plan import BuildPlan, digest
+from .progress import Progress, Timer
+
+
+@dataclass
+class StepResult:
+    layer: str
+    key: str
+    status: str  # cached | built
+    seconds: float
+    reason: str = ""  # why it was built
+
+
+@dataclass
+class BuildResult:
+    image: str
+    plan: BuildPlan
+    ref: str  # the final image, tagged with every output tag
+    content_ref: str  # the last layer step (what child images build FROM)
+    id: str
+    size: int
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+    steps: list[StepResult] = field(default_factory=list)
+    node: assemble.NodeArtifacts | None = None  # disks and netboot artifacts of a node image
+
+
+class Builder:
+    def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
+                 locked: bool = False, log_dir: Path | None = None) -> None:
+        self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
+        self.locked = locked
+        self.log_dir = log_dir or tree.root / "build" / "logs"
+        self.results: dict[str, BuildResult] = {}
+        self._lock = threading.Lock()
+
+    # --- planning -------------------------------------------------------------------------------
+    def plan(self, image: str) -> BuildPlan:
+        return compose(self.tree, image, self.config, self.sets)
+
+    def _ensure_locked(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> BuildPlan:
+        if self.locked:
+            current = lock.read(self.tree.root, plan.image)
+            fresh = resolver.resolve(c, plan, base_ref, self.progress)
+            changes = lock.diff(current, fresh)
+            if changes:
+                raise BuildFailed(f"--locked: resolution of {plan.image} differs from "
+                                  f"images/{plan.image}.lock:\n" + "\n".join(changes)
+                                  + f"\nrun `nodeforge lock {plan.image}` to accept the change")
+            return plan
+        if all(s.locked for s in plan.steps):
+            return plan
+        fresh = resolver.resolve(c, plan, base_ref, self.progress)
+        path = lock.write(self.tree.root, fresh)
+        self.progress.say(plan.image, f"lock written: {path.relative_to(self.tree.root)}")
+        return self.plan(plan.image)
+
+    # --- building -------------------------------------------------------------------------------
+    def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
+        order = self._closure(images)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            pending: dict[str, Future[BuildResult]] = {}
+
+            def submit(name: str) -> Future[BuildResult]:
+                if name in pending:
+                    return pending[name]
+                parent = self.tree.images[name].data["from"].get("image")
+                parent_future = submit(parent) if parent else None
+                pending[name] = pool.submit(self._build_after, name, parent_future)
+                return pending[name]
+
+            for name in order:
+                submit(name)
+            done, _ = wait(list(pending.values()), return_when=FIRST_EXCEPTION)
+            for fut in done:
+                exc = fut.exception()
+                if exc:
+                    for other in pending.values():
+                        other.cancel()
+                    raise exc
+            wait(list(pending.values()))
+            for fut in pending.values():
+                fut.result()
+        return [self.results[n] for n in order]
+
+    def _closure(self, images: list[str]) -> list[str]:
+        order: list[str] = []
+
+        def add(name: str) -> None:
+            parent = self.tree.images[name].data["from"].get("image")
+            if parent:
+                add(parent)
+            if name not in order:
+                order.append(name)
+
+        for i in images:
+            add(self.tree.image(i).name)
+        return order
+
+    def _build_after(self, name: str, parent: Future[BuildResult] | None) -> BuildResult:
+        parent_result = parent.result() if parent else None
+        return self.build_one(name, parent_result)
+
+    def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
+        c = engine.client()
+        plan = self.plan(name)
+        with Timer() as total:
+            if plan.base.kind == "debian":
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, name)
+                base_name, base_digest = base_ref, engine.inspect(c, base_ref)["Id"]
+            else:
+                assert parent is not None
+                base_ref = parent.content_ref
+                base_name, base_digest = parent.tags[0], parent.id
+                self.progress.say(name, f"base image {parent.image:<22} {parent.tags[0]}")
+            plan = self._ensure_locked(c, plan, base_ref)
+            results: list[StepResult] = []
+            ref = base_ref
+            n = len(plan.steps)
+            state = rebuild.State(self.tree.root, name)
+            parent_key, parent_name = plan.base.key, "the base"
+            for i, step in enumerate(plan.steps, start=1):
+                tag = step_ref(step.key)
+                fp = rebuild.fingerprint(step, parent_key, parent_name)
+                why = ""
+                with Timer() as t:
+                    if image_exists(c, tag):
+                        status = "cached"
+                    else:
+                        why = rebuild.reason(state.previous(step.layer), fp)
+                        self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
+                        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                            write_context(step, Path(tmp))
+                            ca = trust.extra_ca() if step.wheels else ""
+                            engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
+                                          self.log_dir / name / f"{i:02d}-{step.layer}.log",
+                                          {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
+                        status = "built"
+                self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s"
+                                  f"  {step.key[:12]}")
+                results.append(StepResult(step.layer, step.key, status, t.seconds, why))
+                state.record(step.layer, fp)
+                ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
+            state.save()
+            content_ref, content_key = ref, plan.key
+            if plan.kind == "node":
+                content_ref, content_key = initramfs_step(c, ref, plan.key, self.progress, name,
+                                                                   self.log_dir / name)
+            labels = oci_labels(plan, self.tree.root, base_name, base_digest)
+            _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
+            labels[sbom.LABEL] = sbom_sha
+            meta_inputs: dict[str, Any] = {"content": content_key, "labels": labels}
+            user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
+            if user:
+                meta_inputs["user"] = plan.user
+            meta_key = digest(meta_inputs)
+            meta_ref = step_ref(meta_key)
+            if not image_exists(c, meta_ref):
+                with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                    engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
+                                  self.log_dir / name / "labels.log")
+            for t_ in plan.tags:
+                repo, tg = engine.split_ref(t_)
+                c.api.tag(meta_ref, repo, tg)
+            info = engine.inspect(c, meta_ref)
+            node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress)
+                    if plan.kind == "node" else None)
+        built = sum(r.status == "built" for r in results)
+        self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
+                          f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")
+        result = BuildResult(name, plan, plan.tags[0], content_ref, info["Id"], info["Size"], plan.tags, labels,
+                             results, node)
+        with self._lock:
+            self.results[name] = result
+        return result
+

@@ -1,0 +1,2 @@
+"""Stage 7, verification: results and matchers, per-kind judges, image, container, guest and boot
+runners, reports."""
