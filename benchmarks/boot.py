@@ -1,4 +1,4 @@
-"""Boot time to verdict per boot mode: images/gpu-node.yaml (configs/default.yaml) booted with its
+"""Boot time to verdict per boot mode: images/node-minimal.yaml (configs/default.yaml) booted with its
 boot-scope checks, from power-on to the verdict on the serial console, and the guest's own
 systemd-analyze figure; netboot boots the netboot artifacts over HTTP with the root in RAM.
 `python benchmarks/boot.py [MODE...]` prints the table; run() returns rows."""
@@ -21,7 +21,7 @@ def run(modes: tuple[str, ...] | None = None) -> list[tuple[object, ...]]:
     from builder.verify import boot
 
     tree = load_tree(ROOT)
-    (result,) = Builder(tree, "default", [], Progress(quiet=True)).build(["gpu-node"])
+    (result,) = Builder(tree, "default", [], Progress(quiet=True)).build(["node-minimal"])
     assert result.node is not None
     tests = [t for t in result.plan.tests if t.scope == "boot" and not t.requires]
     rows: list[tuple[object, ...]] = [("mode (accel)", "verdict", "to verdict s", "checks ok", "guest says")]

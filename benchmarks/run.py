@@ -1,6 +1,6 @@
 """`make bench`: the figures the project reports. Timings are measured here, never asserted in tests.
 
-- no-op rebuild of images/gpu-node.yaml (target: under 2 s)
+- no-op rebuild of images/node-minimal.yaml (target: under 2 s)
 - boot time to verdict per boot mode (benchmarks/boot.py)
 - CUDA image sizes against a plain Dockerfile (benchmarks/cuda_sizes.py)
 """
@@ -19,11 +19,11 @@ NODEFORGE = [sys.executable, "-m", "builder"]
 
 
 def noop_rebuild(runs: int = 5) -> list[float]:
-    subprocess.run([*NODEFORGE, "build", "images/gpu-node.yaml", "-c", "default", "-q"], cwd=ROOT, check=True)
+    subprocess.run([*NODEFORGE, "build", "images/node-minimal.yaml", "-c", "default", "-q"], cwd=ROOT, check=True)
     times = []
     for _ in range(runs):
         start = time.monotonic()
-        subprocess.run([*NODEFORGE, "build", "images/gpu-node.yaml", "-c", "default", "-q"], cwd=ROOT, check=True,
+        subprocess.run([*NODEFORGE, "build", "images/node-minimal.yaml", "-c", "default", "-q"], cwd=ROOT, check=True,
                        capture_output=True)
         times.append(time.monotonic() - start)
     return times
@@ -33,7 +33,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     times = noop_rebuild()
     med = statistics.median(times)
-    print("== no-op rebuild: nodeforge build images/gpu-node.yaml -c default (whole command, warm engine)")
+    print("== no-op rebuild: nodeforge build images/node-minimal.yaml -c default (whole command, warm engine)")
     print(f"   runs {len(times)}: median {med:.2f}s, min {min(times):.2f}s, max {max(times):.2f}s "
           f"(target < 2 s: {'met' if med < 2 else 'MISSED'})")
     for name, title in (("boot", "boot time to verdict per mode"), ("cuda_sizes", "CUDA image sizes")):

@@ -41,14 +41,14 @@ def tree():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def built_gpu_node(docker_client):  # type: ignore[no-untyped-def]
-    """images/gpu-node.yaml with configs/default.yaml, built once (cached by key across runs)."""
+def built_node_minimal(docker_client):  # type: ignore[no-untyped-def]
+    """images/node-minimal.yaml with configs/default.yaml, built once (cached by key across runs)."""
     from builder.definitions.load import load_tree
     from builder.pipeline import Builder
     from builder.progress import Progress
 
     builder = Builder(load_tree(ROOT), "default", [], Progress())
-    (result,) = builder.build(["gpu-node"])
+    (result,) = builder.build(["node-minimal"])
     return result
 
 

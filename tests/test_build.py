@@ -163,11 +163,11 @@ def test_docker_host_is_honoured(tiny_tree: Path) -> None:
     assert "unix:///nonexistent/docker.sock" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_gpu_node_image_is_built_with_oci_labels(built_gpu_node, docker_client) -> None:  # type: ignore[no-untyped-def]
-    labels = docker_client.images.get(built_gpu_node.ref).labels
+def test_node_minimal_image_is_built_with_oci_labels(built_node_minimal, docker_client) -> None:  # type: ignore[no-untyped-def]
+    labels = docker_client.images.get(built_node_minimal.ref).labels
     for key in ("created", "revision", "source", "version", "base.name", "base.digest"):
         assert labels[f"org.opencontainers.image.{key}"]
-    assert labels["io.nodeforge.key"] == built_gpu_node.plan.key
+    assert labels["io.nodeforge.key"] == built_node_minimal.plan.key
 
 
 def cat(ref: str, *paths: str) -> str:
@@ -180,12 +180,12 @@ def run_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT)
 
 
-def test_diff_between_two_builds(docker_client, tiny_tree: Path, built_gpu_node) -> None:  # type: ignore[no-untyped-def]
+def test_diff_between_two_builds(docker_client, tiny_tree: Path, built_node_minimal) -> None:  # type: ignore[no-untyped-def]
     build(tiny_tree, "tiny")
-    same = subprocess.run([sys.executable, "-m", "builder", "diff", built_gpu_node.ref, built_gpu_node.ref],
+    same = subprocess.run([sys.executable, "-m", "builder", "diff", built_node_minimal.ref, built_node_minimal.ref],
                           capture_output=True, text=True, cwd=ROOT)
     assert same.returncode == 0 and len(same.stdout.splitlines()) == 2
-    proc = subprocess.run([sys.executable, "-m", "builder", "diff", "nodeforge-test/tiny:1.0", built_gpu_node.ref],
+    proc = subprocess.run([sys.executable, "-m", "builder", "diff", "nodeforge-test/tiny:1.0", built_node_minimal.ref],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout

@@ -15,6 +15,10 @@ from builder.definitions.load import load_tree
 from builder.errors import DefinitionError
 
 
+def image_text(tree: Path) -> str:
+    return (tree / "images/node-minimal.yaml").read_text()
+
+
 def write(tree: Path, rel: str, text: str) -> None:
     p = tree / rel
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -22,7 +26,7 @@ def write(tree: Path, rel: str, text: str) -> None:
 
 
 def test_default_plan_has_the_corrected_kernel_args(tree) -> None:  # type: ignore[no-untyped-def]
-    plan = compose(tree, "gpu-node", "default")
+    plan = compose(tree, "node-minimal", "default")
     args = plan.cmdline.split()
     assert "iommu=pt" in args and "pci=pcie_bus_perf" in args and "pcie_aspm=off" in args
     assert "pcie_bus_perf" not in args
@@ -32,17 +36,17 @@ def test_default_plan_has_the_corrected_kernel_args(tree) -> None:  # type: igno
 def test_precedence_default_config_image_cli(scratch_tree: Path) -> None:
     write(scratch_tree, "configs/site.yaml",
           "name: site\nsummary: s\nparams:\n  sysctl: {swappiness: 5, dirty_ratio: 20}\n")
-    img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - sysctl\n", "  - sysctl: {swappiness: 7}\n")
-    write(scratch_tree, "images/gpu-node.yaml", img)
+    img = image_text(scratch_tree).replace("  - sysctl\n", "  - sysctl: {swappiness: 7}\n")
+    write(scratch_tree, "images/node-minimal.yaml", img)
     t = load_tree(scratch_tree)
-    plan = compose(t, "gpu-node", "site", parse_sets(["sysctl.dirty_background_ratio=3"]))
+    plan = compose(t, "node-minimal", "site", parse_sets(["sysctl.dirty_background_ratio=3"]))
     p = plan.params
-    assert p["sysctl.swappiness"].value == 7 and p["sysctl.swappiness"].source.startswith("image gpu-node")
+    assert p["sysctl.swappiness"].value == 7 and p["sysctl.swappiness"].source.startswith("image node-minimal")
     assert p["sysctl.dirty_ratio"].value == 20 and p["sysctl.dirty_ratio"].source.startswith("config site")
     assert p["sysctl.dirty_background_ratio"].value == 3
     assert p["sysctl.dirty_background_ratio"].source == "--set sysctl.dirty_background_ratio"
     assert p["sysctl.rmem_max"].source.startswith("default (layers/sysctl/layer.yaml:")
-    plan2 = compose(t, "gpu-node", "site", parse_sets(["sysctl.swappiness=9"]))
+    plan2 = compose(t, "node-minimal", "site", parse_sets(["sysctl.swappiness=9"]))
     assert plan2.sysctl["vm.swappiness"].value == "9"
 
 
@@ -50,22 +54,22 @@ def test_lists_append_and_null_resets(scratch_tree: Path) -> None:
     write(scratch_tree, "configs/site.yaml",
           "name: site\nsummary: s\nparams:\n  kernel-args: {extra: [nosmt]}\n")
     t = load_tree(scratch_tree)
-    plan = compose(t, "gpu-node", "site", parse_sets(["kernel-args.extra=[quiet]"]))
+    plan = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra=[quiet]"]))
     assert plan.params["kernel-args.extra"].value == ["nosmt", "quiet"]
     assert "nosmt" in plan.cmdline.split() and "quiet" in plan.cmdline.split()
-    reset = compose(t, "gpu-node", "site", parse_sets(["kernel-args.extra=null"]))
+    reset = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra=null"]))
     assert reset.params["kernel-args.extra"].value == []
     assert "nosmt" not in reset.cmdline.split()
-    scalar_reset = compose(t, "gpu-node", "site", parse_sets(["sysctl.swappiness=null"]))
+    scalar_reset = compose(t, "node-minimal", "site", parse_sets(["sysctl.swappiness=null"]))
     assert scalar_reset.params["sysctl.swappiness"].value == 1
 
 
 def test_two_layers_setting_swappiness_differently_name_both(scratch_tree: Path) -> None:
     write(scratch_tree, "layers/tuned/layer.yaml", "name: tuned\nsummary: s\nsysctl:\n  vm.swappiness: 60\n")
-    img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
-    write(scratch_tree, "images/gpu-node.yaml", img)
+    img = image_text(scratch_tree).replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
+    write(scratch_tree, "images/node-minimal.yaml", img)
     with pytest.raises(DefinitionError) as e:
-        compose(load_tree(scratch_tree), "gpu-node", "default")
+        compose(load_tree(scratch_tree), "node-minimal", "default")
     text = e.value.render()
     assert "layer sysctl" in text and "layer tuned" in text
     assert "vm.swappiness = '1'" in text and "vm.swappiness = '60'" in text
@@ -74,9 +78,9 @@ def test_two_layers_setting_swappiness_differently_name_both(scratch_tree: Path)
 def test_same_value_from_two_layers_is_not_a_conflict(scratch_tree: Path) -> None:
     write(scratch_tree, "layers/tuned/layer.yaml", "name: tuned\nsummary: s\nsysctl:\n  vm.swappiness: 1\n"
           "kernel: {args: [iommu=pt, module_blacklist=nvidiafb]}\n")
-    img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
-    write(scratch_tree, "images/gpu-node.yaml", img)
-    plan = compose(load_tree(scratch_tree), "gpu-node", "default")
+    img = image_text(scratch_tree).replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
+    write(scratch_tree, "images/node-minimal.yaml", img)
+    plan = compose(load_tree(scratch_tree), "node-minimal", "default")
     assert plan.cmdline.split().count("iommu=pt") == 1
     assert "module_blacklist=nouveau,nvidiafb" in plan.cmdline.split()  # comma lists merge
 
@@ -84,24 +88,24 @@ def test_same_value_from_two_layers_is_not_a_conflict(scratch_tree: Path) -> Non
 def test_two_layers_writing_one_file_conflict(scratch_tree: Path) -> None:
     write(scratch_tree, "layers/tuned/layer.yaml", "name: tuned\nsummary: s\nfiles:\n"
           "  - {path: /etc/apt/apt.conf.d/90-nodeforge, content: other}\n")
-    img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
-    write(scratch_tree, "images/gpu-node.yaml", img)
+    img = image_text(scratch_tree).replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
+    write(scratch_tree, "images/node-minimal.yaml", img)
     with pytest.raises(DefinitionError) as e:
-        compose(load_tree(scratch_tree), "gpu-node", "default")
+        compose(load_tree(scratch_tree), "node-minimal", "default")
     assert "files./etc/apt/apt.conf.d/90-nodeforge" in e.value.render()
     assert "layer base" in e.value.render() and "layer tuned" in e.value.render()
 
 
 def test_required_layer_is_pulled_in_and_ordered_first(scratch_tree: Path) -> None:
-    img = (scratch_tree / "images/gpu-node.yaml").read_text().replace("  - base\n", "")
-    write(scratch_tree, "images/gpu-node.yaml", img)
-    plan = compose(load_tree(scratch_tree), "gpu-node", "default")
+    img = image_text(scratch_tree).replace("  - base\n", "")
+    write(scratch_tree, "images/node-minimal.yaml", img)
+    plan = compose(load_tree(scratch_tree), "node-minimal", "default")
     order = [s.layer for s in plan.steps]
     assert "base" in order and order.index("base") < order.index("monitoring")
 
 
 def test_plan_is_frozen_and_json_round_trips(tree) -> None:  # type: ignore[no-untyped-def]
-    plan = compose(tree, "gpu-node", "default")
+    plan = compose(tree, "node-minimal", "default")
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.image = "x"  # type: ignore[misc]
     data = json.loads(json.dumps(plan.to_json(), default=str))
@@ -109,10 +113,10 @@ def test_plan_is_frozen_and_json_round_trips(tree) -> None:  # type: ignore[no-u
 
 
 def test_keys_are_stable_and_change_only_from_the_changed_layer_on(scratch_tree: Path) -> None:
-    a = compose(load_tree(scratch_tree), "gpu-node", "default")
-    b = compose(load_tree(scratch_tree), "gpu-node", "default")
+    a = compose(load_tree(scratch_tree), "node-minimal", "default")
+    b = compose(load_tree(scratch_tree), "node-minimal", "default")
     assert [s.key for s in a.steps] == [s.key for s in b.steps]
-    c = compose(load_tree(scratch_tree), "gpu-node", "default", parse_sets(["kernel-args.iommu=nopt"]))
+    c = compose(load_tree(scratch_tree), "node-minimal", "default", parse_sets(["kernel-args.iommu=nopt"]))
     i = [s.layer for s in a.steps].index("kernel-args")
     assert [s.key for s in a.steps][:i] == [s.key for s in c.steps][:i]
     assert all(x.key != y.key for x, y in zip(a.steps[i:], c.steps[i:], strict=True))
@@ -121,7 +125,8 @@ def test_keys_are_stable_and_change_only_from_the_changed_layer_on(scratch_tree:
 def test_explain_names_the_source_of_every_value(tree, capsys) -> None:  # type: ignore[no-untyped-def]
     from builder.cli import main
 
-    assert main(["plan", "images/gpu-node.yaml", "-c", "default", "--explain", "--set", "sysctl.dirty_ratio=12"]) == 0
+    assert main(["plan", "images/node-minimal.yaml", "-c", "default", "--explain",
+                 "--set", "sysctl.dirty_ratio=12"]) == 0
     out = capsys.readouterr().out
     assert "sysctl.swappiness = 1    <- config default (configs/default.yaml:" in out
     assert "sysctl.dirty_ratio = 12    <- --set sysctl.dirty_ratio" in out

@@ -57,17 +57,17 @@ def test_render_of_a_malformed_image_writes_nothing(case: str, scratch_tree: Pat
 
 
 def test_unknown_set_parameter_names_the_flag(scratch_tree: Path) -> None:
-    proc = nodeforge(scratch_tree, "plan", "gpu-node", "--set", "sysctl.swapiness=3")
+    proc = nodeforge(scratch_tree, "plan", "node-minimal", "--set", "sysctl.swapiness=3")
     assert proc.returncode == 2
     assert "command line" in proc.stderr and "sysctl.swapiness" in proc.stderr
     assert "no parameter 'swapiness'" in proc.stderr
 
 
 def test_set_value_out_of_range(scratch_tree: Path) -> None:
-    proc = nodeforge(scratch_tree, "plan", "gpu-node", "--set", "sysctl.swappiness=900")
+    proc = nodeforge(scratch_tree, "plan", "node-minimal", "--set", "sysctl.swappiness=900")
     assert proc.returncode == 2 and "expected a value <= 200, found 900" in proc.stderr
 
 
 def test_malformed_set_syntax(scratch_tree: Path) -> None:
-    proc = nodeforge(scratch_tree, "plan", "gpu-node", "--set", "swappiness")
+    proc = nodeforge(scratch_tree, "plan", "node-minimal", "--set", "swappiness")
     assert proc.returncode == 2 and "LAYER.PARAM=VALUE" in proc.stderr

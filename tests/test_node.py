@@ -24,8 +24,8 @@ def _sfdisk(disk: Path) -> dict:  # type: ignore[type-arg]
     return json.loads(out)["partitiontable"]  # type: ignore[no-any-return]
 
 
-def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_gpu_node) -> None:  # type: ignore[no-untyped-def]
-    art = built_gpu_node.node
+def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_node_minimal) -> None:  # type: ignore[no-untyped-def]
+    art = built_node_minimal.node
     assert art is not None
     assert set(art.files) == {"raw", "qcow2", "kernel", "initrd", "rootfs", "ipxe"}
     for role in art.files:
@@ -50,8 +50,8 @@ def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_gpu_node) -> Non
     assert f"nodeforge.root_sha256={sums['rootfs.tar.gz']}" in ipxe
 
 
-def test_disk_holds_boot_loaders_and_a_clean_root(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_gpu_node.node
+def test_disk_holds_boot_loaders_and_a_clean_root(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    art = built_node_minimal.node
     raw = art.path("raw")
     with raw.open("rb") as f:
         mbr = f.read(512)
@@ -76,7 +76,7 @@ def test_disk_holds_boot_loaders_and_a_clean_root(built_gpu_node, tmp_path: Path
     assert label == art.root_label
 
 
-def test_unchanged_node_image_is_not_reassembled(built_gpu_node) -> None:  # type: ignore[no-untyped-def]
+def test_unchanged_node_image_is_not_reassembled(built_node_minimal) -> None:  # type: ignore[no-untyped-def]
     from builder.definitions.load import load_tree
     from builder.pipeline import Builder
 
@@ -89,29 +89,29 @@ def test_unchanged_node_image_is_not_reassembled(built_gpu_node) -> None:  # typ
         def flush(self) -> None:
             pass
 
-    before = Path(built_gpu_node.node.path("raw")).stat().st_mtime_ns
-    builder = Builder(load_tree(Path(built_gpu_node.node.dir).parents[2]), "default", [], Progress(Capture()))
-    (again,) = builder.build(["gpu-node"])
-    assert again.node.cached and again.node.key == built_gpu_node.node.key
+    before = Path(built_node_minimal.node.path("raw")).stat().st_mtime_ns
+    builder = Builder(load_tree(Path(built_node_minimal.node.dir).parents[2]), "default", [], Progress(Capture()))
+    (again,) = builder.build(["node-minimal"])
+    assert again.node.cached and again.node.key == built_node_minimal.node.key
     assert any("assemble" in x and "cached" in x for x in lines)
     assert again.node.path("raw").stat().st_mtime_ns == before
 
 
 @pytest.fixture(scope="module")
-def boot_report(built_gpu_node, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """nodeforge test --boot on gpu-node: all three modes, one report."""
+def boot_report(built_node_minimal, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """nodeforge test --boot on node-minimal: all three modes, one report."""
     from builder.definitions.load import load_tree
     from builder.verify.run import run_tests
 
     report = tmp_path_factory.mktemp("boot-report")
-    tree = load_tree(Path(built_gpu_node.node.dir).parents[2])
-    rc = run_tests(built_gpu_node.plan, report, boot=True, tree=tree, boot_modes=boot.MODES)
-    data = json.loads((report / "gpu-node.json").read_text())
+    tree = load_tree(Path(built_node_minimal.node.dir).parents[2])
+    rc = run_tests(built_node_minimal.plan, report, boot=True, tree=tree, boot_modes=boot.MODES)
+    data = json.loads((report / "node-minimal.json").read_text())
     return rc, data, report
 
 
 @pytest.mark.parametrize("mode", boot.MODES)
-def test_gpu_node_boots_and_every_boot_check_passes(boot_report, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_node_minimal_boots_and_every_boot_check_passes(boot_report, mode: str) -> None:  # type: ignore[no-untyped-def]
     _rc, data, _ = boot_report
     mine = [r for r in data["results"] if (r["scope"] == "boot" and r["name"].endswith(f"[{mode}]"))
             or (r["kind"] == "verdict" and r["name"].endswith(f"({mode})"))]
@@ -128,12 +128,12 @@ def test_gpu_node_boots_and_every_boot_check_passes(boot_report, mode: str) -> N
 def test_boot_results_are_in_the_junit_report(boot_report) -> None:  # type: ignore[no-untyped-def]
     rc, data, report = boot_report
     assert rc == 0, [r for r in data["results"] if r["status"] == "failed"]
-    junit = (report / "gpu-node.junit.xml").read_text()
-    assert 'name="gpu-node.boot"' in junit and "boots to a verdict (uefi)" in junit
+    junit = (report / "node-minimal.junit.xml").read_text()
+    assert 'name="node-minimal.boot"' in junit and "boots to a verdict (uefi)" in junit
 
 
-def test_wrong_root_is_reported_as_root_not_found(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_gpu_node.node
+def test_wrong_root_is_reported_as_root_not_found(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    art = built_node_minimal.node
     wrong = art.cmdline.replace(f"root=LABEL={art.root_label}", "root=LABEL=no-such-root")
     assert wrong != art.cmdline
     o = boot.boot(art, "direct", tmp_path / "wrong-root.log", tests=[], cmdline=wrong)
@@ -163,10 +163,10 @@ BROKEN_LAYER = textwrap.dedent("""\
 
 BROKEN_IMAGE = textwrap.dedent("""\
     name: broken-node
-    summary: gpu-node with a unit that fails
+    summary: node-minimal with a unit that fails
     kind: node
     version: "0.1.0"
-    from: {image: gpu-node}
+    from: {image: node-minimal}
     layers: [failing-unit]
     outputs:
       tags: [nodeforge-test/broken-node:0.1.0]
@@ -174,7 +174,7 @@ BROKEN_IMAGE = textwrap.dedent("""\
     """)
 
 
-def test_failing_unit_fails_the_boot_with_its_name(built_gpu_node, scratch_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_failing_unit_fails_the_boot_with_its_name(built_node_minimal, scratch_tree: Path) -> None:  # type: ignore[no-untyped-def]
     from builder.compose import compose
     from builder.definitions.load import load_tree
     from builder.pipeline import Builder
@@ -195,13 +195,13 @@ def test_failing_unit_fails_the_boot_with_its_name(built_gpu_node, scratch_tree:
     assert len(o.report.probes) == len(tests), "the checks still report on a degraded boot"
 
 
-def test_netboot_artifacts_boot_with_the_root_in_ram(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_netboot_artifacts_boot_with_the_root_in_ram(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The kernel, initrd and root archive boot as boot.ipxe boots them: the root archive is
     fetched over HTTP into RAM, and the layers' boot checks pass there too."""
     from builder.plan import Test
 
-    art = built_gpu_node.node
-    tests = [t for t in built_gpu_node.plan.tests if t.scope == "boot" and t.layer in ("sysctl", "kernel-args")]
+    art = built_node_minimal.node
+    tests = [t for t in built_node_minimal.plan.tests if t.scope == "boot" and t.layer in ("sysctl", "kernel-args")]
     in_ram = Test("the root is in RAM", "netboot", "boot", "command",
                   {"run": "findmnt -n -o FSTYPE /", "exit": 0, "timeout": 30, "stdout": {"contains": ["tmpfs"]}},
                   (), "tests/test_node.py", None)
@@ -212,8 +212,8 @@ def test_netboot_artifacts_boot_with_the_root_in_ram(built_gpu_node, tmp_path: P
         assert boot.guest.judge(t, *o.report.probes[i]) == "", t.name
 
 
-def test_netboot_refuses_a_root_archive_with_the_wrong_sha256(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_gpu_node.node
+def test_netboot_refuses_a_root_archive_with_the_wrong_sha256(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    art = built_node_minimal.node
     good = art.sha256["rootfs.tar.gz"]
     bad = ("0" if good[0] != "0" else "1") + good[1:]
     o = boot.boot(art, "netboot", tmp_path / "bad-sum.log", tests=[], root_sha256=bad)

@@ -106,25 +106,26 @@ def test_failing_checks_fail_with_reasons(checked: Path, tmp_path: Path) -> None
     assert sum(1 for c in cases if c.find("failure") is not None) == data["counts"]["failed"] == 6
 
 
-def test_gpu_node_passes_its_tests(built_gpu_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = subprocess.run([sys.executable, "-m", "builder", "test", "images/gpu-node.yaml", "-c", "default",
+def test_node_minimal_passes_its_tests(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.run([sys.executable, "-m", "builder", "test", "images/node-minimal.yaml", "-c", "default",
                            "--report", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads((tmp_path / "gpu-node.json").read_text())
+    data = json.loads((tmp_path / "node-minimal.json").read_text())
     names = {r["name"]: r["status"] for r in data["results"]}
     assert names["node exporter serves /metrics on 9100"] == "passed"
     assert names["sysctl file carries swappiness"] == "passed"
     assert data["counts"]["failed"] == 0 and data["counts"]["passed"] >= 10
-    assert (tmp_path / "gpu-node.junit.xml").is_file()
+    assert (tmp_path / "node-minimal.junit.xml").is_file()
 
 
 def test_unbuilt_image_is_an_environment_error(tmp_path: Path) -> None:
     t = tmp_path / "t"
     for d in ("layers", "configs", "images"):
         shutil.copytree(ROOT / d, t / d)
-    text = (t / "images" / "gpu-node.yaml").read_text().replace("nodeforge/gpu-node:0.1.0", "nodeforge-test/never:0")
-    (t / "images" / "gpu-node.yaml").write_text(text)
-    proc = cli(t, "test", "gpu-node", "--report", str(tmp_path / "r"))
+    image = t / "images" / "node-minimal.yaml"
+    text = image.read_text().replace("nodeforge/node-minimal:0.1.0", "nodeforge-test/never:0")
+    image.write_text(text)
+    proc = cli(t, "test", "node-minimal", "--report", str(tmp_path / "r"))
     assert proc.returncode == 2 and "is not built" in proc.stderr
 
 
