@@ -12,7 +12,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from .debian import parse_dpkg_status
+from .compose.contributions import KINDS
 from .engine import client as engine
 from .engine.client import SESSION_LABEL
 from .errors import EnvironmentProblem
@@ -30,40 +30,9 @@ class Snapshot:
     files: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (mode/type, sha256 or link)
     texts: dict[str, str] = field(default_factory=dict)  # configuration files kept whole
 
-    def packages(self) -> dict[str, str]:
-        status = parse_dpkg_status(self.texts.get("var/lib/dpkg/status", ""))
-        return {k: v.get("Version", "") for k, v in status.items()}
-
-    def sysctl(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for path in sorted(p for p in self.texts if re.match(r"(etc|usr/lib)/sysctl\.d/.*\.conf$", p)):
-            for line in self.texts[path].splitlines():
-                line = line.strip()
-                if line and not line.startswith(("#", ";")) and "=" in line:
-                    k, _, v = line.partition("=")
-                    out[k.strip()] = " ".join(v.split())
-        return out
-
-    def kernel_args(self) -> list[str]:
-        args: list[str] = []
-        for path in sorted(p for p in self.texts if p.startswith("etc/nodeforge/kernel-cmdline.d/")):
-            args += [a for line in self.texts[path].splitlines() if not line.startswith("#") for a in line.split()]
-        return args
-
-    def services(self) -> set[str]:
-        return {p.split("/", 3)[-1] for p in self.files if re.match(r"etc/systemd/system/[^/]+\.wants/", p)}
-
-    def modprobe(self) -> list[str]:
-        lines: list[str] = []
-        for path in sorted(p for p in self.texts if re.match(r"etc/modprobe\.d/.*\.conf$", p)):
-            lines += [f"{line.strip()}" for line in self.texts[path].splitlines()
-                      if line.strip() and not line.startswith("#")]
-        return lines
-
 
 def _keep_text(path: str) -> bool:
-    return path == "var/lib/dpkg/status" or bool(re.match(
-        r"(etc|usr/lib)/sysctl\.d/|etc/nodeforge/kernel-cmdline\.d/|etc/modprobe\.d/", path))
+    return any(k.diff is not None and re.match(k.diff.keep, path) for k in KINDS)
 
 
 def snapshot(c: docker.DockerClient, ref: str) -> Snapshot:
@@ -135,16 +104,15 @@ def _set_diff(title: str, a: list[str] | set[str], b: list[str] | set[str]) -> l
 
 def diff(c: docker.DockerClient, ref_a: str, ref_b: str, all_files: bool = False) -> list[str]:
     a, b = snapshot(c, ref_a), snapshot(c, ref_b)
-    volatile = ("org.opencontainers.image.revision",)
     out = [f"--- {ref_a} ({a.id[7:19]})", f"+++ {ref_b} ({b.id[7:19]})"]
-    out += _map_diff("packages", a.packages(), b.packages())
-    out += _map_diff("sysctl", a.sysctl(), b.sysctl())
-    out += _set_diff("kernel arguments", a.kernel_args(), b.kernel_args())
-    out += _set_diff("module options and blacklist", a.modprobe(), b.modprobe())
-    out += _set_diff("services enabled", a.services(), b.services())
-    out += _map_diff("env", a.env, b.env)
-    out += _map_diff("labels", {k: v for k, v in a.labels.items() if k not in volatile},
-                     {k: v for k, v in b.labels.items() if k not in volatile})
+    for kind in KINDS:  # every contribution kind that can be read back from a built image
+        if kind.diff is None:
+            continue
+        va, vb = kind.diff.extract(a), kind.diff.extract(b)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _map_diff(kind.diff.title, va, vb)
+        else:
+            out += _set_diff(kind.diff.title, set(va), set(vb))
     fa = {k: "/".join(v) for k, v in a.files.items()}
     fb = {k: "/".join(v) for k, v in b.files.items()}
     files = [line for line in _map_diff("files", fa, fb)[1:]]

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..plan import BuildPlan, Value
+from .contributions import KINDS
 
 
 def _v(v: Value, provenance: bool) -> str:
     return f"{v.value}" + (f"    <- {v.source}" if provenance else "")
+
+
+def _lines(value: Any, provenance: bool) -> list[str]:
+    """A merged table as explain shows it: lists in order, maps as key = value (digests shortened)."""
+    if isinstance(value, tuple):
+        return [_v(v, provenance) for v in value]
+    return [f"{k} = {_v(Value(v.value[:12] if k.startswith('/') else v.value, v.source), provenance)}"
+            for k, v in value.items()]
 
 
 def explain(plan: BuildPlan, provenance: bool = False) -> str:
@@ -23,20 +34,12 @@ def explain(plan: BuildPlan, provenance: bool = False) -> str:
         out.append(f"    {s.layer:<20} {s.key[:12]}  {'locked' if s.locked else 'unlocked'}  {s.summary}")
     out.append(f"  tags: {', '.join(plan.tags)}")
     sections: list[tuple[str, list[str]]] = [
-        ("params", [f"{k} = {_v(v, provenance)}" for k, v in sorted(plan.params.items())]),
-        ("kernel command line", [_v(v, provenance) for v in plan.kernel_args]),
-        ("sysctl", [f"{k} = {_v(v, provenance)}" for k, v in plan.sysctl.items()]),
-        ("modules loaded", [_v(v, provenance) for v in plan.modules]),
-        ("module options", [f"{k} = {_v(v, provenance)}" for k, v in plan.modprobe.items()]),
-        ("modules blacklisted", [_v(v, provenance) for v in plan.blacklist]),
-        ("services enabled", [_v(v, provenance) for v in plan.services_enabled]),
-        ("services disabled", [_v(v, provenance) for v in plan.services_disabled]),
-        ("env", [f"{k} = {_v(v, provenance)}" for k, v in plan.env.items()]),
-        ("packages", [f"{k} {_v(v, provenance)}" for k, v in sorted(plan.packages.items())]),
-        ("files", [f"{k} {_v(Value(v.value[:12], v.source), provenance)}" for k, v in sorted(plan.files.items())]),
-        ("tests", [f"[{t.scope}] {t.layer}: {t.name}" + (f" (requires {', '.join(t.requires)})" if t.requires else "")
-                   for t in plan.tests]),
-    ]
+        ("params", [f"{k} = {_v(v, provenance)}" for k, v in sorted(plan.params.items())])]
+    for kind in KINDS:
+        if kind.field and kind.explain:
+            sections.append((kind.explain, _lines(getattr(plan, kind.field), provenance)))
+    sections.append(("tests", [f"[{t.scope}] {t.layer}: {t.name}"
+                               + (f" (requires {', '.join(t.requires)})" if t.requires else "") for t in plan.tests]))
     for title, lines in sections:
         if lines:
             out.append(f"  {title}:")

@@ -1,33 +1,170 @@
-"""Jinja2 rendering with StrictUndefined: every string contribution of a layer is a template."""
+"""Jinja2 rendering with StrictUndefined: every string contribution of a layer is a template.
+
+Layer definitions are untrusted input (they travel between teams), so templates run in Jinja2's
+immutable sandbox: no attribute starting with an underscore (the way from a string to Python's
+`os` module), no method that changes a value, only the filters the layers use, `include` only of
+files inside the layer's `files/` (symlinks resolved), and bounds on the template's size, its
+output and its running time. A template that breaks a bound is a definition error like any other."""
 
 from __future__ import annotations
 
+import math
+import operator
 import re
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 
 from ..errors import Collector
 
 # a list item that is exactly "{{ expr }}" and evaluates to a list is spliced into the list
 _WHOLE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 
+MAX_TEMPLATE_CHARS = 256 * 1024  # one template's text: inline strings and files under files/
+MAX_OUTPUT_CHARS = 4 * 1024 * 1024  # what one template may produce
+MAX_SECONDS = 5.0  # wall-clock budget of one template, checked on every line the template executes
+MAX_SEQUENCE = 1 << 20  # a string or list built by `*` or `+`
+MAX_POWER_BITS = 4096  # the size of a number built by `**`
+
+# exactly the filters the project's layers, images and configs use; `nodeforge validate` reports
+# any other filter as unknown ("No filter named ...")
+FILTERS = ("default", "first", "int", "join", "length", "list", "lower", "map", "reject", "replace",
+           "string", "tojson")
+GLOBALS = ("range", "namespace", "dict")
+
+
+class TemplateBound(Exception):
+    """A template ran past one of the bounds above."""
+
+
+class SafeLoader(jinja2.BaseLoader):
+    """Templates under one directory only: no `..`, no absolute names, and a symlink that leads
+    outside the directory is refused (its target is not read)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get_source(self, environment: jinja2.Environment, template: str
+                   ) -> tuple[str, str | None, Callable[[], bool] | None]:
+        pieces = jinja2.loaders.split_template_path(template)  # refuses ".."
+        root = self.root.resolve()
+        path = root.joinpath(*pieces)
+        real = path.resolve()
+        if not real.is_relative_to(root):
+            raise jinja2.TemplateNotFound(f"{template} (leads outside the layer's files/ directory)")
+        if not real.is_file():
+            raise jinja2.TemplateNotFound(template)
+        if real.stat().st_size > MAX_TEMPLATE_CHARS * 4:
+            raise TemplateBound(f"files/{template} is larger than {MAX_TEMPLATE_CHARS * 4} bytes")
+        text = real.read_text(encoding="utf-8")
+        if len(text) > MAX_TEMPLATE_CHARS:
+            raise TemplateBound(f"files/{template} is longer than {MAX_TEMPLATE_CHARS} characters")
+        mtime = real.stat().st_mtime
+        return text, str(real), lambda: real.exists() and real.stat().st_mtime == mtime
+
+
+def _bounded_binop(name: str, left: Any, right: Any) -> Any:
+    if name == "**":
+        if isinstance(left, int | float) and isinstance(right, int | float):
+            size = abs(float(right)) * math.log2(abs(float(left)) + 2)
+            if size > MAX_POWER_BITS:
+                raise TemplateBound(f"{left!r} ** {right!r} is too large a number")
+        return operator.pow(left, right)
+    if name == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(n, int) and len(seq) * n > MAX_SEQUENCE:
+                raise TemplateBound(f"a sequence of {len(seq) * n} items is too long")
+        return operator.mul(left, right)
+    if name == "+":
+        if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple) \
+                and len(left) + len(right) > MAX_SEQUENCE:
+            raise TemplateBound("a sequence is too long")
+        return operator.add(left, right)
+    raise AssertionError(name)
+
+
+class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with bounded arithmetic on sizes."""
+
+    intercepted_binops = frozenset(("**", "*", "+"))
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        return _bounded_binop(operator, left, right)
+
 
 def environment(files_dir: Path) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(files_dir)),
+    env = Sandbox(
+        loader=SafeLoader(files_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters = {name: env.filters[name] for name in FILTERS}
+    env.globals = {name: env.globals[name] for name in GLOBALS}
+    return env
 
 
-def _explain(e: Exception) -> str:
+class _Deadline:
+    """Raises TemplateBound inside a template's own code once its time is up. A trace function
+    sees every line the compiled template runs (loops, macros, recursion), in this thread only;
+    under a debugger or a coverage tracer the other bounds still hold."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.previous: Any = None
+        self.active = False
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if time.monotonic() > self.end:
+            raise TemplateBound(f"the template ran longer than {MAX_SECONDS:g} s")
+        return self._local
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_filename.startswith(("<template>", "/")) \
+                and frame.f_globals.get("environment") is not None:
+            return self._local(frame, event, arg)
+        return None
+
+    def __enter__(self) -> _Deadline:
+        self.previous = sys.gettrace()
+        if self.previous is None:
+            sys.settrace(self._global)
+            self.active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            sys.settrace(None)
+
+
+def _run(render: Iterator[str]) -> str:
+    parts: list[str] = []
+    size = 0
+    for chunk in render:
+        size += len(chunk)
+        if size > MAX_OUTPUT_CHARS:
+            raise TemplateBound(f"the template's output is longer than {MAX_OUTPUT_CHARS} characters")
+        parts.append(chunk)
+    return "".join(parts)
+
+
+def _explain(e: BaseException) -> str:
     if isinstance(e, jinja2.UndefinedError):
         return f"template uses an undefined name: {e.message}"
+    if isinstance(e, jinja2.sandbox.SecurityError):
+        return f"template refused by the sandbox: {e}"
     if isinstance(e, jinja2.TemplateSyntaxError):
         return f"template syntax error: {e.message}"
+    if isinstance(e, TemplateBound):
+        return f"template refused: {e}"
+    if isinstance(e, RecursionError):
+        return "template refused: it recurses too deeply"
     return f"template failed: {e}"
 
 
@@ -36,7 +173,11 @@ def render_string(env: jinja2.Environment, text: str, context: dict[str, Any], o
     if "{{" not in text and "{%" not in text:
         return text
     try:
-        return env.from_string(text).render(context)
+        if len(text) > MAX_TEMPLATE_CHARS:
+            raise TemplateBound(f"the template is longer than {MAX_TEMPLATE_CHARS} characters")
+        with _Deadline(MAX_SECONDS):
+            template = env.from_string(text)
+            return _run(template.generate(context))
     except Exception as e:  # jinja raises many kinds; all are a user's template problem
         out.add(file, line, path, _explain(e), "parameters in scope: " + ", ".join(sorted(context)))
         return None
@@ -45,7 +186,9 @@ def render_string(env: jinja2.Environment, text: str, context: dict[str, Any], o
 def render_file(env: jinja2.Environment, name: str, context: dict[str, Any], out: Collector,
                 file: str, line: int | None, path: str) -> str | None:
     try:
-        return env.get_template(name).render(context)
+        with _Deadline(MAX_SECONDS):
+            template = env.get_template(name)
+            return _run(template.generate(context))
     except Exception as e:
         where = getattr(e, "lineno", None)
         extra = f" (files/{name} line {where})" if where else f" (files/{name})"
@@ -64,7 +207,8 @@ def render_tree(env: jinja2.Environment, value: Any, context: dict[str, Any], ou
             m = _WHOLE.fullmatch(v) if isinstance(v, str) else None
             if m:
                 try:
-                    spliced = env.compile_expression(m.group(1), undefined_to_none=False)(**context)
+                    with _Deadline(MAX_SECONDS):
+                        spliced = env.compile_expression(m.group(1), undefined_to_none=False)(**context)
                 except Exception as e:
                     out.add(file, line, f"{path}[{i}]", _explain(e),
                             "parameters in scope: " + ", ".join(sorted(context)))

@@ -13,6 +13,29 @@ from .yamlsrc import line_of
 
 _MISSING = object()
 
+# no definition string may hold these: C0 and C1 controls, DEL, Unicode line and paragraph separators.
+# Single-line strings refuse tab, newline and carriage return too; multi-line ones (a description,
+# inline file content, a step's shell) keep newline and tab.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+MAX_STR = 64 * 1024  # one string value (file content included); files under files/ are bounded apart
+INT_BOUND = 1 << 63  # no definition integer is outside the 64-bit signed range
+TEMPLATE_MARK = re.compile(r"\{\{|\{%")
+LITERAL_PARTS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)  # removed: what is left is literal
+
+
+def control_problem(value: str, multiline: bool = False) -> str:
+    """'' or why value holds a character no definition may hold (named by its code point)."""
+    m = (CONTROL if multiline else CONTROL_LINE).search(value)
+    if not m:
+        return ""
+    where = "" if multiline else "a single-line value, "
+    return f"{where}found control character U+{ord(m.group()):04X} at offset {m.start()}"
+
+
+def is_template(value: str) -> bool:
+    return bool(TEMPLATE_MARK.search(value))
+
 
 @dataclass
 class Ctx:
@@ -49,21 +72,145 @@ class Spec:
 
 @dataclass
 class Str(Spec):
+    """A string with a grammar. Every string refuses control characters; `multiline` keeps newline
+    and tab. `template`: the value may be a Jinja2 template, whose rendered text the composer checks
+    with `problem()` (the raw template is checked for control characters only)."""
+
     pattern: str | None = None
     what: str = "a string"
+    multiline: bool = False
+    template: bool = False
+    max_len: int = MAX_STR
+    chars: str | None = None  # a character class: what a template's literal text may hold
 
     def expected(self) -> str:
         return self.what
+
+    def problem(self, value: str) -> str:
+        """'' when value (a rendered value too) fits the grammar, else what is wrong."""
+        if len(value) > self.max_len:
+            return f"expected {self.what} of at most {self.max_len} characters, found {len(value)}"
+        bad = control_problem(value, self.multiline)
+        if bad:
+            return f"expected {self.what}, {bad}"
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            return f"expected {self.what}, found {value!r}"
+        return ""
+
+    def normalise(self, value: str) -> str:
+        return value
 
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             ctx.error(parent, key, path, f"expected {self.what}, found {describe(value)}")
             return _MISSING
         value = str(value)
-        if self.pattern and not re.fullmatch(self.pattern, value):
-            ctx.error(parent, key, path, f"expected {self.what}, found {value!r}")
+        if self.template and is_template(value):
+            bad = control_problem(value, self.multiline) if len(value) <= MAX_STR else "too long"
+            if not bad and self.chars:
+                literal = LITERAL_PARTS.sub("", value)
+                stray = re.sub(f"{self.chars}+", "", literal)
+                if stray:
+                    bad = f"found {stray[0]!r} outside the template's {{{{ }}}} in {value!r}"
+            if bad:
+                ctx.error(parent, key, path, f"expected {self.what}, {bad}")
+                return _MISSING
+            return value
+        why = self.problem(value)
+        if why:
+            ctx.error(parent, key, path, why, self.remedy(value))
             return _MISSING
-        return value
+        return self.normalise(value)
+
+    def remedy(self, value: str) -> str:
+        return ""
+
+
+@dataclass
+class ImagePath(Str):
+    """An absolute path inside the image, normalised (`//` and `/./` folded, no trailing `/`):
+    two spellings of one path are one path. `..` and the root itself are refused."""
+
+    pattern: str | None = r"/[A-Za-z0-9._+@%:,=~/-]*"
+    what: str = "an absolute path inside the image (letters, digits, . _ + @ % : , = ~ - /)"
+
+    def problem(self, value: str) -> str:
+        why = super().problem(value)
+        if why:
+            return why
+        parts = value.split("/")
+        if ".." in parts:
+            return f"expected a path inside the image, found {value!r} (with '..')"
+        if not [p for p in parts if p not in ("", ".")]:
+            return f"expected a path to a file or directory, found {value!r} (the root itself)"
+        return ""
+
+    def normalise(self, value: str) -> str:
+        return normalise_image_path(value)
+
+    def remedy(self, value: str) -> str:
+        return "write the path it means, without '..', e.g. /etc/x.conf"
+
+
+def normalise_image_path(value: str) -> str:
+    """/etc/./x, /etc//x and /etc/x/ are /etc/x (the path must already have passed ImagePath)."""
+    return "/" + "/".join(p for p in value.split("/") if p not in ("", "."))
+
+
+@dataclass
+class RelPath(Str):
+    """A path relative to a layer's files/ directory, normalised; it cannot climb out (`..`) and
+    the loader also refuses one whose symlinks lead out."""
+
+    pattern: str | None = r"[A-Za-z0-9._+@%:,=~-][A-Za-z0-9._+@%:,=~/-]*"
+    what: str = "a path relative to the layer's files/ (no leading '/')"
+
+    def problem(self, value: str) -> str:
+        why = super().problem(value)
+        if why:
+            return why
+        if ".." in value.split("/"):
+            return f"expected a path inside the layer's files/, found {value!r} (with '..')"
+        if not [p for p in value.split("/") if p not in ("", ".")]:
+            return f"expected a file name, found {value!r}"
+        return ""
+
+    def normalise(self, value: str) -> str:
+        return "/".join(p for p in value.split("/") if p not in ("", "."))
+
+
+@dataclass
+class Mode(Str):
+    """An octal permission mode as a quoted string: YAML reads a bare 0644 as the number 420."""
+
+    pattern: str | None = r"0?[0-7]{3,4}"
+    what: str = "an octal mode as a quoted string such as \"0644\""
+
+    def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            ctx.error(parent, key, path,
+                      f"expected {self.what}, found the number {value} (YAML reads a bare 0644 as 420, "
+                      f"octal {value:o})", "quote the mode: mode: \"0644\"")
+            return _MISSING
+        return super().check(value, ctx, parent, key, path)
+
+
+@dataclass
+class Regex(Str):
+    """A Python regular expression, compiled when the definition is read."""
+
+    what: str = "a Python regular expression"
+    max_len: int = 1024
+
+    def problem(self, value: str) -> str:
+        why = super().problem(value)
+        if why:
+            return why
+        try:
+            re.compile(value)
+        except (re.error, RecursionError, OverflowError) as e:
+            return f"expected {self.what}, found {value!r}: {e}"
+        return ""
 
 
 @dataclass
@@ -96,6 +243,9 @@ class Int(Spec):
         if isinstance(value, bool) or not isinstance(value, int):
             ctx.error(parent, key, path, f"expected {self.expected()}, found {describe(value)}")
             return _MISSING
+        if not -INT_BOUND <= value < INT_BOUND:
+            ctx.error(parent, key, path, f"expected {self.expected()}, found a number of {len(str(value))} digits")
+            return _MISSING
         if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
             ctx.error(parent, key, path, f"expected {self.expected()}, found {value}")
             return _MISSING
@@ -113,24 +263,52 @@ class Bool(Spec):
         return value
 
 
+@dataclass
 class Scalar(Spec):
-    """A string, number or boolean: sysctl values, label values, parameter values."""
+    """A string, number or boolean: sysctl values, label values, parameter values. A string value
+    has the grammar `text` (a single line without control characters by default)."""
+
+    text: Str | None = None
 
     def expected(self) -> str:
-        return "a string, number or boolean"
+        return "a string, number or boolean" + (f" ({self.text.what})" if self.text else "")
 
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
         if value is None or isinstance(value, dict | list):
             ctx.error(parent, key, path, f"expected {self.expected()}, found {describe(value)}")
             return _MISSING
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT_BOUND <= value < INT_BOUND:
+            ctx.error(parent, key, path, f"expected {self.expected()}, found a number of {len(str(value))} digits")
+            return _MISSING
+        if isinstance(value, str):
+            return (self.text or Str(template=True)).check(value, ctx, parent, key, path)
         return value
 
 
 class AnyValue(Spec):
+    """Any YAML value; every string in it is a single line without control characters and every
+    integer within 64 bits."""
+
     def expected(self) -> str:
         return "any value"
 
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
+        if isinstance(value, str):
+            return Str(template=True).check(value, ctx, parent, key, path)
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT_BOUND <= value < INT_BOUND:
+            ctx.error(parent, key, path, f"expected a value, found a number of {len(str(value))} digits")
+            return _MISSING
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if self.check(item, ctx, value, i, f"{path}[{i}]") is _MISSING:
+                    return _MISSING
+        if isinstance(value, dict):
+            for k, v in value.items():
+                sub = f"{path}.{k}" if path else str(k)
+                if isinstance(k, str) and Str().check(k, ctx, value, k, sub) is _MISSING:
+                    return _MISSING
+                if self.check(v, ctx, value, k, sub) is _MISSING:
+                    return _MISSING
         return value
 
 
@@ -209,8 +387,8 @@ class Struct(Spec):
         for k in value:
             if k not in self.fields:
                 sub = f"{path}.{k}" if path else str(k)
-                close = _close_matches(str(k), self.fields)
-                ctx.error(value, k, sub, f"unknown key {k!r}",
+                close = _close_matches(str(k), self.fields) if len(str(k)) < 100 else ""
+                ctx.error(value, k, sub, f"unknown key {str(k)[:100]!r}",
                           f"did you mean {close}?" if close else "known keys: " + ", ".join(self.fields))
         for name, f in self.fields.items():
             sub = f"{path}.{name}" if path else name

@@ -91,10 +91,30 @@ TEST_KINDS: dict[str, Struct] = {
 DEFAULT_SCOPE = {"file": "image", "package": "image", "env": "image", "label": "image",
                  "service": "image", "command": "container", "sysctl": "boot", "cmdline": "boot",
                  "module": "boot", "entrypoint": "container"}
-ALLOWED_SCOPES = {"file": {"image", "container", "boot"}, "package": {"image", "container", "boot"},
-                  "env": {"image"}, "label": {"image"}, "service": {"image", "boot"},
-                  "command": {"container", "boot"}, "sysctl": {"boot"}, "cmdline": {"boot"},
-                  "module": {"boot"}, "entrypoint": {"container"}}
+
+
+def _all(kind: str) -> frozenset[str]:
+    return frozenset(TEST_KINDS[kind].fields)
+
+
+# per kind, the scopes where it can run and the fields each of them checks. The judges of
+# builder.verify honour exactly these (a test of the unit layer shows it, field by field); a field
+# set at a scope that cannot check it is a definition error, never silently ignored.
+TEST_SCOPES: dict[str, dict[str, frozenset[str]]] = {
+    "file": {"image": _all("file"), "container": _all("file"), "boot": _all("file")},
+    "package": {"image": _all("package"), "container": _all("package"), "boot": _all("package")},
+    "env": {"image": _all("env")},
+    "label": {"image": _all("label")},
+    "service": {"image": _all("service") - {"active"}, "boot": _all("service")},
+    "command": {"container": _all("command"), "boot": _all("command")},
+    "sysctl": {"boot": _all("sysctl")},
+    "cmdline": {"boot": _all("cmdline")},
+    "module": {"boot": _all("module")},
+    "entrypoint": {"container": _all("entrypoint")},
+}
+ALLOWED_SCOPES = {kind: set(scopes) for kind, scopes in TEST_SCOPES.items()}
+UNJUDGED = {(kind, scope): _all(kind) - fields for kind, scopes in TEST_SCOPES.items()
+            for scope, fields in scopes.items()}
 
 TEST = Struct({
     "name": Field(Str(), "what the test shows, in a few words", required=True),

@@ -1,0 +1,83 @@
+"""The tests of a layer or image as the plan carries them: kind, scope (default and allowed, from the
+test-kind table), `when`, and the boot checks derived from contributions (each sysctl value, each
+kernel argument), so that a layer does not restate what it sets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..checks.registry import check
+from ..definitions.tables import ALLOWED_SCOPES, DEFAULT_SCOPE, TEST_KINDS
+from ..errors import Collector
+from ..plan import Test, Value
+from .scope import Merged
+
+FALSE_WORDS = ("", "false", "0", "no", "none")
+SCOPE_CHECK = check("test/scope", "compose", "a test kind runs only at the scopes that can check it",
+                    "use a scope the kind allows (nodeforge schema layer lists them)")
+FIELD_CHECK = check("test/field", "compose",
+                    "a test field must be one its scope can check; none is silently ignored",
+                    "drop the field or move the test to a scope that checks it")
+
+
+def is_false(value: Any) -> bool:
+    return str(value).strip().lower() in FALSE_WORDS
+
+
+def make_test(t: dict[str, Any], owner: str, file: str, line: int | None, path: str, out: Collector,
+              unjudged: dict[tuple[str, str], frozenset[str]] | None = None) -> Test | None:
+    """A rendered test definition as a plan Test; None when `when` is false or the test is wrong.
+    unjudged: (kind, scope) -> fields that scope cannot check (a definition error when set)."""
+    kind = next((k for k in TEST_KINDS if t.get(k) is not None), None)
+    when = t.get("when")
+    if kind is None or (when is not None and is_false(when)):
+        return None
+    scope = t.get("scope") or DEFAULT_SCOPE[kind]
+    if scope not in ALLOWED_SCOPES[kind]:
+        SCOPE_CHECK.report(out, file, line, f"{path}.scope", f"a {kind} check cannot run at scope {scope!r}",
+                           f"use scope {' or '.join(sorted(ALLOWED_SCOPES[kind]))}")
+        return None
+    spec = t[kind]
+    for name in sorted((unjudged or {}).get((kind, scope), frozenset())):
+        if spec.get(name) is not None:
+            FIELD_CHECK.report(out, file, line, f"{path}.{kind}.{name}",
+                               f"a {kind} check at scope {scope} cannot check {name!r}")
+            return None
+    return Test(t["name"], owner, scope, kind, spec, tuple(t.get("requires") or ()), file, line)
+
+
+def _covered(tests: list[Test]) -> tuple[set[tuple[str, str]], set[str]]:
+    sysctl = {(str(t.spec["key"]), " ".join(str(t.spec["value"]).split())) for t in tests
+              if t.scope == "boot" and t.kind == "sysctl" and t.spec.get("value") is not None}
+    args = {a for t in tests if t.scope == "boot" and t.kind == "cmdline" for a in t.spec.get("contains") or []}
+    return sysctl, args
+
+
+def _where(v: Value) -> tuple[str, int | None]:
+    """The file and line a Value's provenance names: 'layer x (layers/x/layer.yaml:12) ...'."""
+    inner = v.source.partition("(")[2].partition(")")[0]
+    file, _, line = inner.rpartition(":")
+    return (file, int(line)) if line.isdigit() else (inner, None)
+
+
+def derived_boot_tests(merged: Merged, explicit: list[Test]) -> list[Test]:
+    """One boot check per sysctl value and one per layer for its kernel arguments, each unless a
+    written test already checks it. Values inherited from a parent image are its parent's to check."""
+    have_sysctl, have_args = _covered(explicit)
+    tests: list[Test] = []
+    for key, v in list(merged.table("sysctl").items()):
+        layer = merged.owners.get(("sysctl", key))
+        if layer and (key, v.value) not in have_sysctl:
+            file, line = _where(v)
+            tests.append(Test(f"booted kernel has {key} = {v.value}", layer, "boot", "sysctl",
+                              {"key": key, "value": v.value}, (), file, line))
+    by_layer: dict[str, list[Value]] = {}
+    for name, v in merged.table("kernel.args").items():
+        layer = merged.owners.get(("kernel.args", name))
+        if layer and v.value not in have_args:
+            by_layer.setdefault(layer, []).append(v)
+    for layer, values in by_layer.items():
+        file, line = _where(values[0])
+        tests.append(Test(f"booted kernel command line has the arguments of layer {layer}", layer, "boot", "cmdline",
+                          {"contains": [v.value for v in values]}, (), file, line))
+    return tests
