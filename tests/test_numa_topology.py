@@ -1,0 +1,123 @@
+"""nodeforge-numa-probe (layers/numa-topology) on recorded `nvidia-smi topo -m` output (tab-separated, with its
+terminal escape codes) and sysfs trees: an 8 x H100 node with a NIC per GPU, a single-GPU node, and a badly wired
+node whose only NIC hangs off the other socket for two of its GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "layers" / "numa-topology" / "files" / "numa-probe.py"
+FIXTURES = ROOT / "tests" / "fixtures"
+SYSFS = FIXTURES / "sysfs"
+FAKES = ROOT / "tests" / "fakes" / "bin"
+SCENARIOS = {"h100-sxm-8gpu": FIXTURES / "gpu" / "h100-sxm-8gpu", "a100-pcie-1gpu": FIXTURES / "gpu" / "a100-pcie-1gpu",
+             "topo-bad-wiring": FIXTURES / "topo-bad-wiring"}
+
+
+def probe(tmp: Path, machine: str, *args: str, nvidia_smi: str | None = None,
+          sysfs: str | None = None) -> tuple[int, dict[str, Any], list[list[str]]]:
+    log = tmp / "calls.jsonl"
+    env = {**os.environ, "FAKE_FIXTURE": str(SCENARIOS[machine]), "FAKE_LOG": str(log)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", nvidia_smi or str(FAKES / "nvidia-smi"),
+                           "--sysfs-root", str(SYSFS / (sysfs or machine)), "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.stderr == "", proc.stderr
+    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return proc.returncode, doc, calls
+
+
+def test_topo_output_carries_escape_codes_and_tabs() -> None:
+    # the recording is what nvidia-smi prints to a terminal: the parser must cope with both
+    raw = (SCENARIOS["h100-sxm-8gpu"] / "topo-m.txt").read_text()
+    assert raw.startswith("\t\x1b[4mGPU0\t") and "GPU NUMA ID\x1b[0m\n" in raw
+    topo = runpy.run_path(str(SCRIPT))["parse_topo"](raw)
+    assert topo.paths["GPU0"]["NIC0"] == "PIX" and topo.paths["GPU0"]["GPU7"] == "NV18"
+    assert topo.paths["GPU3"]["NIC4"] == "SYS" and topo.paths["NIC7"]["NIC7"] == "X"
+    assert topo.affinity["GPU5"] == ("56-111,168-223", "1")
+    assert topo.nic_names == {f"NIC{i}": f"mlx5_{i}" for i in range(8)}
+
+
+def test_h100_node_pairs_every_gpu_with_its_own_nic(tmp_path: Path) -> None:
+    rc, doc, calls = probe(tmp_path, "h100-sxm-8gpu")
+    assert rc == 0 and doc["status"] == "OK" and doc["warnings"] == []
+    assert [(g["index"], g["closest_nic"], g["closest_path"]) for g in doc["gpus"]] == [
+        (i, f"mlx5_{i}", "PIX") for i in range(8)]
+    assert [g["numa_node"] for g in doc["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g["socket"] for g in doc["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert doc["gpus"][4]["cpu_affinity"] == "56-111,168-223" and doc["gpus"][4]["bus_id"] == "0000:9d:00.0"
+    nic = doc["nics"][2]
+    assert (nic["name"], nic["bus_id"], nic["numa_node"], nic["netdevs"]) == ("mlx5_2", "0000:4f:00.0", 0,
+                                                                              ["ibp79s0"])
+    assert calls == [["--query-gpu=index,pci.bus_id", "--format=csv,noheader"], ["topo", "-m"]]
+
+
+def test_single_gpu_node_without_nics(tmp_path: Path) -> None:
+    rc, doc, _ = probe(tmp_path, "a100-pcie-1gpu")
+    assert rc == 0 and doc["nics"] == [] and doc["warnings"] == []
+    (gpu,) = doc["gpus"]
+    assert (gpu["bus_id"], gpu["numa_node"], gpu["cpu_affinity"], gpu["closest_nic"]) == (
+        "0000:41:00.0", 0, "0-31,64-95", None)
+
+
+def test_badly_wired_node_warns_for_the_cross_socket_gpus(tmp_path: Path) -> None:
+    rc, doc, _ = probe(tmp_path, "topo-bad-wiring")
+    assert rc == 1 and doc["status"] == "WARNING" and doc["cross_socket_gpus"] == 2
+    assert [g["cross_socket"] for g in doc["gpus"]] == [True, True, False, False]
+    assert len(doc["warnings"]) == 2
+    assert doc["warnings"][0].startswith("GPU 0 (0000:17:00.0) on socket 0: its closest NIC mlx5_0 (SYS) is on "
+                                         "socket 1")
+    assert doc["gpus"][2]["closest_path"] == "PIX"
+
+
+def test_sysfs_alone_finds_the_cross_socket_pairs(tmp_path: Path) -> None:
+    rc, doc, _ = probe(tmp_path, "topo-bad-wiring", nvidia_smi=str(tmp_path / "absent"))
+    assert rc == 1 and doc["gpu_source"] == "sysfs"
+    assert [g["bus_id"] for g in doc["gpus"]] == ["0000:17:00.0", "0000:31:00.0", "0000:b1:00.0", "0000:ca:00.0"]
+    assert [g["cross_socket"] for g in doc["gpus"]] == [True, True, False, False]
+
+
+def test_topology_from_a_file(tmp_path: Path) -> None:
+    rc, doc, calls = probe(tmp_path, "topo-bad-wiring", "--topo-file",
+                           str(SCENARIOS["topo-bad-wiring"] / "topo-m.txt"))
+    assert rc == 1 and doc["cross_socket_gpus"] == 2 and ["topo", "-m"] not in calls
+
+
+def test_firmware_without_numa_node_warns(tmp_path: Path) -> None:
+    tree = tmp_path / "sysfs"
+    shutil.copytree(SYSFS / "a100-pcie-1gpu", tree, symlinks=True)
+    (tree / "bus/pci/devices/0000:41:00.0/numa_node").write_text("-1\n")
+    rc, doc, _ = probe(tmp_path, "a100-pcie-1gpu", "--sysfs-root", str(tree))
+    assert rc == 1 and "reports no NUMA node" in doc["warnings"][0]
+
+
+def test_node_without_gpu_or_nvidia_smi_is_fine(tmp_path: Path) -> None:
+    empty = tmp_path / "sys"
+    empty.mkdir()
+    rc, doc, _ = probe(tmp_path, "a100-pcie-1gpu", "--sysfs-root", str(empty), nvidia_smi=str(tmp_path / "absent"))
+    assert rc == 0 and doc["gpus"] == [] and "no NVIDIA GPU found" in doc["notes"]
+
+
+def test_json_record_and_textfile_metric(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc, doc, _ = probe(tmp_path, "topo-bad-wiring", "--output", str(out / "numa-topology.json"),
+                       "--textfile", str(out))
+    assert rc == 1
+    assert json.loads((out / "numa-topology.json").read_text()) == doc
+    prom = (out / "numa_topology.prom").read_text()
+    assert "nodeforge_numa_cross_socket_gpus 2\n" in prom
+    assert 'nodeforge_numa_gpu_nic_cross_socket{gpu="0",nic="mlx5_0",path="SYS"} 1\n' in prom
+    assert 'nodeforge_numa_gpu_nic_cross_socket{gpu="2",nic="mlx5_0",path="PIX"} 0\n' in prom
+    assert 'nodeforge_numa_gpu_numa_node{gpu="3",bus_id="0000:ca:00.0"} 1\n' in prom
+    if shutil.which("promtool"):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True,
+                              check=False)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
