@@ -30,7 +30,7 @@ RANKS: list[set[str]] = [
     {"checks"},
     {"definitions"},
     {"lockfile"},
-    {"plan", "debian", "progress"},
+    {"plan", "debian", "progress", "resources"},
     {"errors"},
 ]
 

@@ -13,6 +13,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SHA_ALPHA = "ce95eac7620f5323366f89ba4b99ea988e607b384606971c97a646b47f5a7f21"  # sha256 of "alpha=1\n"
 
 CHECKS = """name: checks
 summary: checks that pass and checks that fail, on purpose
@@ -44,6 +45,18 @@ tests:
   - {name: command exit fails, command: {run: "exit 3"}}
   - {name: command times out, command: {run: "sleep 30", timeout: 2}}
   - {name: command in container sees file, scope: container, file: {path: /etc/checks.conf, mode: "0640"}}
+  - name: container file sha256 fails
+    scope: container
+    file:
+      path: /etc/checks.conf
+      sha256: "0000000000000000000000000000000000000000000000000000000000000000"
+  - {name: container file type fails, scope: container, file: {path: /etc/checks.conf, type: directory}}
+  - name: container file type and sha256 pass
+    scope: container
+    file:
+      path: /etc/checks.conf
+      type: file
+      sha256: "ce95eac7620f5323366f89ba4b99ea988e607b384606971c97a646b47f5a7f21"
   - {name: needs a gpu, requires: [gpu], command: {run: nvidia-smi -L}}
   - {name: boot only, sysctl: {key: vm.swappiness, value: 1}}
 """
@@ -89,7 +102,8 @@ def test_failing_checks_fail_with_reasons(checked: Path, tmp_path: Path) -> None
         "command as user": "passed", "package passes": "passed", "missing package fails": "failed",
         "env passes": "passed", "env fails": "failed", "label passes": "passed", "command passes": "passed",
         "command exit fails": "failed", "command times out": "failed", "command in container sees file": "passed",
-        "needs a gpu": "skipped", "boot only": "not-run",
+        "needs a gpu": "skipped", "boot only": "not-run", "container file sha256 fails": "failed",
+        "container file type fails": "failed", "container file type and sha256 pass": "passed",
     }
     for name, status in expect.items():
         assert by[name]["status"] == status, (name, by[name])
@@ -100,10 +114,12 @@ def test_failing_checks_fail_with_reasons(checked: Path, tmp_path: Path) -> None
     assert "timed out after 2s" in by["command times out"]["message"]
     assert "requires gpu" in by["needs a gpu"]["message"]
     assert "not a node image" in by["boot only"]["message"]
+    assert f"sha256 {SHA_ALPHA}, expected {'0' * 64}" in by["container file sha256 fails"]["message"]
+    assert "is a file, expected a directory" in by["container file type fails"]["message"]
     suites = ET.parse(tmp_path / "checked.junit.xml").getroot()
     cases = suites.findall(".//testcase")
     assert len(cases) >= len(expect)
-    assert sum(1 for c in cases if c.find("failure") is not None) == data["counts"]["failed"] == 6
+    assert sum(1 for c in cases if c.find("failure") is not None) == data["counts"]["failed"] == 8
 
 
 def test_node_minimal_passes_its_tests(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

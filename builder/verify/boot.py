@@ -23,6 +23,7 @@ from ..node import assemble
 from ..node.assemble import NodeArtifacts
 from ..plan import BuildPlan, Test
 from . import guest
+from .judges import probe_output
 from .result import Result
 
 MODES = ("direct", "uefi", "bios")  # the disk boots; `netboot` boots the netboot artifacts over HTTP
@@ -334,7 +335,7 @@ def results_of(o: BootOutcome, tests: list[Test], plan: BuildPlan) -> list[Resul
             continue
         code, stdout, stderr = got
         why = guest.judge(t, code, stdout, stderr)
-        out.append(Result(named, "failed" if why else "passed", why, 0.0, guest.probe_output(code, stdout, stderr)))
+        out.append(Result(named, "failed" if why else "passed", why, 0.0, probe_output(code, stdout, stderr)))
     return out
 
 

@@ -11,7 +11,8 @@ from ..engine import client as engine
 from ..engine.client import SESSION_LABEL
 from ..plan import Test
 from .host import gpu_kwargs
-from .result import judge_package, match_text, package_query
+from .judges import PROBE_JUDGES, command_output
+from .result import match_text
 
 
 class TestContainer:
@@ -51,17 +52,6 @@ class TestContainer:
             pass
 
 
-def check_command(box: TestContainer, spec: dict[str, Any]) -> tuple[str, str]:
-    code, out, err, timed_out = box.exec(spec["run"], spec["timeout"], spec.get("user"))
-    output = out + (("\n--- stderr\n" + err) if err else "")
-    if timed_out:
-        return f"timed out after {spec['timeout']}s", output
-    if code != spec["exit"]:
-        return f"exit status {code}, expected {spec['exit']}", output
-    why = match_text(spec.get("stdout"), out, "stdout") or match_text(spec.get("stderr"), err, "stderr")
-    return why, output
-
-
 def check_entrypoint(ref: str, spec: dict[str, Any], gpu: bool = False) -> tuple[str, str]:
     """Run the image as shipped: its own ENTRYPOINT, the test's args as the command, a fresh container."""
     c = engine.client()
@@ -80,36 +70,23 @@ def check_entrypoint(ref: str, spec: dict[str, Any], gpu: bool = False) -> tuple
         err = container.logs(stdout=False, stderr=True).decode(errors="replace")
     finally:
         container.remove(force=True)
-    output = out + (("\n--- stderr\n" + err) if err else "")
+    output = command_output(out, err)
     if code != spec["exit"]:
         return f"exit status {code}, expected {spec['exit']}", output
     return match_text(spec.get("stdout"), out, "stdout") or match_text(spec.get("stderr"), err, "stderr"), output
 
 
 def check_in_container(box: TestContainer, test: Test) -> tuple[str, str]:
+    """Run the kind's probe in the test container and hand its output to the kind's judge (the same
+    probe and judge as in a booted node)."""
     spec = test.spec
-    if test.kind == "command":
-        return check_command(box, spec)
     if test.kind == "entrypoint":
         return check_entrypoint(box.ref, spec, gpu="gpu" in test.requires)
-    if test.kind == "package":
-        code, out, _, _ = box.exec(package_query(spec["name"]), 30)
-        return judge_package(spec, code, out), out
-    if test.kind == "file":
-        code, out, _, _ = box.exec(f"stat -c '%a %U %G %F' {spec['path']}", 30)
-        if code != 0:
-            return ("" if not spec.get("exists", True) else f"{spec['path']} does not exist"), out
-        if not spec.get("exists", True):
-            return f"{spec['path']} exists", out
-        mode, owner, group, *_ = out.split()
-        if spec.get("mode") and int(mode, 8) != int(spec["mode"], 8):
-            return f"{spec['path']} has mode {mode}, expected {spec['mode']}", out
-        if spec.get("owner") and owner != spec["owner"]:
-            return f"{spec['path']} is owned by {owner}, expected {spec['owner']}", out
-        if spec.get("group") and group != spec["group"]:
-            return f"{spec['path']} has group {group}, expected {spec['group']}", out
-        if spec.get("content"):
-            _, text, _, _ = box.exec(f"cat {spec['path']}", 30)
-            return match_text(spec["content"], text, spec["path"]), out
-        return "", out
-    return f"{test.kind} checks do not run in a container", ""
+    judge = PROBE_JUDGES.get(test.kind)
+    if judge is None:
+        return f"{test.kind} checks do not run in a container", ""
+    timeout = int(spec.get("timeout") or 60)
+    code, out, err, timed_out = box.exec(judge.probe(spec), timeout, spec.get("user"))
+    if timed_out:
+        return f"timed out after {timeout}s", command_output(out, err)
+    return judge.judge(spec, (code, out, err)), command_output(out, err)

@@ -1,4 +1,5 @@
-"""Image-scope checks: read the image's config and files through the engine, run nothing."""
+"""Image-scope checks: read the image's config and files through the engine, run nothing. The file
+check gathers FileFacts from the image's archive and hands them to the shared judge."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import docker.errors
 from ..debian import parse_dpkg_status
 from ..engine import client as engine
 from ..engine.client import SESSION_LABEL
-from .result import match_text
+from .judges import FileFacts, judge_file
 
 
 class ImageView:
@@ -92,31 +93,20 @@ class ImageView:
         return self.attrs["Config"].get("Labels") or {}
 
 
-def check_file(view: ImageView, spec: dict[str, Any]) -> str:
-    m = view.member(spec["path"])
-    if not spec.get("exists", True):
-        return f"{spec['path']} exists" if m else ""
+def file_facts(view: ImageView, path: str) -> FileFacts:
+    """The facts of a path in the image, from the engine's archive of it."""
+    m = view.member(path)
     if m is None:
-        return f"{spec['path']} does not exist"
+        return FileFacts(False)
     info, content = m
-    kinds = {"file": info.isfile(), "directory": info.isdir(), "symlink": info.issym()}
-    if spec.get("type") and not kinds[spec["type"]]:
-        return f"{spec['path']} is not a {spec['type']}"
-    if spec.get("mode"):
-        want, have = int(spec["mode"], 8), stat.S_IMODE(info.mode)
-        if want != have:
-            return f"{spec['path']} has mode {have:04o}, expected {want:04o}"
-    if spec.get("owner") and spec["owner"] not in (view.user(info.uid), str(info.uid)):
-        return f"{spec['path']} is owned by {view.user(info.uid)}, expected {spec['owner']}"
-    if spec.get("group") and spec["group"] not in (view.group(info.gid), str(info.gid)):
-        return f"{spec['path']} has group {view.group(info.gid)}, expected {spec['group']}"
-    if spec.get("target") is not None and info.linkname != spec["target"]:
-        return f"{spec['path']} points to {info.linkname!r}, expected {spec['target']!r}"
-    if spec.get("sha256"):
-        have_sha = hashlib.sha256(content).hexdigest()
-        if have_sha != spec["sha256"]:
-            return f"{spec['path']} has sha256 {have_sha}, expected {spec['sha256']}"
-    return match_text(spec.get("content"), content.decode(errors="replace"), spec["path"])
+    kind = "file" if info.isfile() else "directory" if info.isdir() else "symlink" if info.issym() else "other"
+    return FileFacts(True, kind, stat.S_IMODE(info.mode), (view.user(info.uid), str(info.uid)),
+                     (view.group(info.gid), str(info.gid)), info.linkname,
+                     hashlib.sha256(content).hexdigest() if info.isfile() else "", content.decode(errors="replace"))
+
+
+def check_file(view: ImageView, spec: dict[str, Any]) -> str:
+    return judge_file(spec, file_facts(view, spec["path"]))
 
 
 def check_package(view: ImageView, spec: dict[str, Any]) -> str:
