@@ -351,3 +351,64 @@ def bench_healthy_8gpu(runs: int = 5) -> float:
 
 if __name__ == "__main__":
     print(f"gpu-health, healthy 8-GPU fixture: {bench_healthy_8gpu():.3f} s")
+
+
+# --- the layer: rendered settings drive the program ----------------------------------------------------------------
+
+SCRATCH_IMAGE = """\
+name: health-scratch
+summary: a node with the gpu-health layer
+kind: node
+version: "0.0.1"
+from:
+  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
+source-date-epoch: 1735689600
+layers: [base, gpu-health]
+outputs:
+  tags: [nodeforge/health-scratch:0.0.1]
+"""
+
+
+def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+
+
+@pytest.fixture
+def health_tree(tmp_path: Path) -> Path:
+    """A tree of its own: the layers the image needs, the image, an 8-GPU NVSwitch site."""
+    tree = tmp_path / "tree"
+    for layer in ("base", "gpu-health"):
+        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
+    (tree / "images").mkdir()
+    (tree / "images/health-scratch.yaml").write_text(SCRATCH_IMAGE)
+    (tree / "configs").mkdir()
+    (tree / "configs/hgx.yaml").write_text("name: hgx\nsummary: 8-GPU NVSwitch nodes\n"
+                                           "site:\n  gpu: {model: H100-SXM5-80GB, count: 8}\n  fabric: nvswitch\n")
+    return tree
+
+
+def test_rendered_settings_drive_the_check(health_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "render"
+    proc = nodeforge(health_tree, "render", "health-scratch", str(out), "-c", "hgx")
+    assert proc.returncode == 0, proc.stderr
+    (conf,) = out.glob("*-gpu-health/root/etc/nodeforge/gpu-health.conf")
+    text = conf.read_text()
+    assert "expected-gpus = 8\n" in text and "fabric = check\n" in text  # from the site
+    # the site's GPU count and fabric come from the settings file alone
+    count = check(tmp_path / "a", "health-gpu-count", "--config", str(conf), "--textfile", str(tmp_path / "tf"))
+    assert count.doc["failed_rules"] == ["gpu-count"]
+    fabric = check(tmp_path / "b", "health-fabric", "--config", str(conf), "--textfile", str(tmp_path / "tf"))
+    assert fabric.doc["failed_rules"] == ["fabric"]
+    healthy = check(tmp_path / "c", "h100-sxm-8gpu", "--config", str(conf), "--textfile", str(tmp_path / "tf"))
+    assert healthy.rc == 0
+    unit = next(out.glob("*-gpu-health/root/etc/systemd/system/nodeforge-gpu-health.service")).read_text()
+    assert "ConditionPathExists=/dev/nvidiactl" in unit and "--drain no" in unit
+
+
+def test_a_deadline_shorter_than_one_command_is_rejected(health_tree: Path) -> None:
+    proc = nodeforge(health_tree, "plan", "health-scratch", "--set", "gpu-health.deadline=5",
+                     "--set", "gpu-health.command_timeout=10")
+    assert proc.returncode == 2 and "command_timeout (10 s) is longer than the whole deadline (5 s)" in proc.stderr
+    over = nodeforge(health_tree, "plan", "health-scratch", "--set", "gpu-health.deadline=90")
+    assert over.returncode == 2 and "expected a value <= 55, found 90" in over.stderr

@@ -153,3 +153,61 @@ def test_runner_reports_a_crashed_run(tmp_path: Path) -> None:
 def test_runner_without_nccl_tests_says_how_to_get_it(tmp_path: Path) -> None:
     rc, out = bench("run", "--binary", str(tmp_path / "all_reduce_perf"))
     assert rc == 3 and "not packaged by Debian" in out and "NVIDIA/nccl-tests" in out
+
+
+# --- the layer: rendered settings drive the runner -----------------------------------------------------------------
+
+SCRATCH_IMAGE = """\
+name: nccl-scratch
+summary: an image with the nccl-bench layer
+kind: {kind}
+version: "0.0.1"
+from:
+  debian: {{suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}}
+source-date-epoch: 1735689600
+layers:
+  - base
+  - nccl-bench: {{floor_gbps: 400}}
+outputs:
+  tags: [nodeforge/nccl-scratch:0.0.1]
+"""
+
+
+def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+
+
+def render(tmp_path: Path, kind: str) -> Path:
+    tree = tmp_path / "tree"
+    for layer in ("base", "nccl-bench"):
+        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
+    (tree / "images").mkdir()
+    (tree / "images/nccl-scratch.yaml").write_text(SCRATCH_IMAGE.format(kind=kind))
+    (tree / "configs").mkdir()
+    (tree / "configs/hgx.yaml").write_text("name: hgx\nsummary: s\nsite:\n  gpu: {model: H100, count: 8}\n")
+    out = tmp_path / "render"
+    proc = nodeforge(tree, "render", "nccl-scratch", str(out), "-c", "hgx")
+    assert proc.returncode == 0, proc.stderr
+    (conf,) = out.glob("*-nccl-bench/root/etc/nodeforge/nccl-bench.conf")
+    return conf
+
+
+def test_rendered_settings_drive_the_runner(tmp_path: Path) -> None:
+    conf = render(tmp_path, "container")
+    text = conf.read_text()
+    assert "args = -b 8 -e 8G -f 2 -g 8\n" in text and "floor = 400.0\n" in text and "textfile = \n" in text
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "FAKE_FIXTURE": str(NCCL / "run-healthy"), "FAKE_LOG": str(log)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "run", "--config", str(conf),
+                           "--binary", str(FAKES / "all_reduce_perf")],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("NCCL-BENCH PASS"), proc.stdout + proc.stderr
+    assert "(floor 400 GB/s" in proc.stdout
+    degraded = subprocess.run([sys.executable, str(SCRIPT), "parse", str(NCCL / "nccl-h100-8gpu-degraded.txt"),
+                               "--config", str(conf)], capture_output=True, text=True, timeout=60, check=False)
+    assert degraded.returncode == 2
+
+
+def test_node_images_publish_the_metric(tmp_path: Path) -> None:
+    assert "textfile = /var/lib/prometheus/node-exporter\n" in render(tmp_path, "node").read_text()

@@ -121,3 +121,47 @@ def test_json_record_and_textfile_metric(tmp_path: Path) -> None:
         lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True,
                               check=False)
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+# --- the layer: the boot unit's command line drives the probe ------------------------------------------------------
+
+SCRATCH_IMAGE = """\
+name: numa-scratch
+summary: a node with the numa-topology layer
+kind: node
+version: "0.0.1"
+from:
+  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
+source-date-epoch: 1735689600
+layers: [base, numa-topology]
+outputs:
+  tags: [nodeforge/numa-scratch:0.0.1]
+"""
+
+
+def test_boot_unit_runs_the_probe_with_valid_options(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    for layer in ("base", "numa-topology"):
+        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
+    (tree / "images").mkdir()
+    (tree / "images/numa-scratch.yaml").write_text(SCRATCH_IMAGE)
+    (tree / "configs").mkdir()
+    (tree / "configs/default.yaml").write_text("name: default\nsummary: defaults\n")
+    out = tmp_path / "render"
+    proc = subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), "render", "numa-scratch", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    unit = next(out.glob("*-numa-topology/root/etc/systemd/system/nodeforge-numa-probe.service")).read_text()
+    (exec_start,) = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
+    argv = exec_start.split()
+    assert argv[0] == "/usr/sbin/nodeforge-numa-probe" and "SuccessExitStatus=1" in unit
+    # the unit's own options, with its output paths moved into the test's directory
+    options = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert options["--output"] == "/run/nodeforge/numa-topology.json"
+    options.update({"--output": str(tmp_path / "numa.json"), "--textfile": str(tmp_path)})
+    env = {**os.environ, "FAKE_FIXTURE": str(SCENARIOS["topo-bad-wiring"]), "FAKE_LOG": str(tmp_path / "log")}
+    run = subprocess.run([sys.executable, str(SCRIPT), *[x for kv in options.items() for x in kv],
+                          "--nvidia-smi", str(FAKES / "nvidia-smi"), "--sysfs-root", str(SYSFS / "topo-bad-wiring")],
+                         capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert run.returncode == 1 and "WARNING GPU 0 (0000:17:00.0)" in run.stdout
+    assert json.loads((tmp_path / "numa.json").read_text())["cross_socket_gpus"] == 2
