@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# make gpu-check: on a machine with an NVIDIA GPU (driver and NVIDIA Container Toolkit installed),
-# compile nodeforge's CUDA check program in each devel image, run it in the matching runtime
-# image against the real driver through the image's own entrypoint, then run the images'
-# GPU-only tests. Nothing heavy is built here: the images come from the local engine or, with
-# REGISTRY=host:port, are pulled from where CI pushed them.
+# make gpu-check: on a machine with an NVIDIA GPU (driver and NVIDIA Container Toolkit installed):
+# 1. the node layers' programs against the real nvidia-smi, without booting an image: the power
+#    unit in dry-run, the GPU textfile collector and `promtool check metrics` on its output, the
+#    health check (JSON, no drain) and the topology probe;
+# 2. compile nodeforge's CUDA check program in each devel image, run it in the matching runtime
+#    image against the real driver through the image's own entrypoint, then run the images'
+#    GPU-only tests. Nothing heavy is built here: the images come from the local engine or, with
+#    REGISTRY=host:port, are pulled from where CI pushed them.
 #   scripts/gpu-check.sh [CUDA_VERSION...]     default: 11.8.0 13.0.2
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 NF=${NF:-.venv/bin/nodeforge}
 versions=("$@")
 ((${#versions[@]})) || versions=(11.8.0 13.0.2)
 
-command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu-check: no NVIDIA driver here (nvidia-smi -L failed)" >&2; exit 2; }
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L; then
+  echo "gpu-check: no NVIDIA driver here (nvidia-smi -L failed)" >&2; exit 2
+fi
 docker run --rm --gpus all --entrypoint /bin/true nodeforge/container-base:bookworm 2>/dev/null \
   || echo "gpu-check: note: 'docker run --gpus all' failed; is the NVIDIA Container Toolkit configured?" >&2
 
@@ -27,8 +32,38 @@ image() {  # local tag, pulled from $REGISTRY when absent
 failed=0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+step() {  # step NAME COMMAND...: run, indent its output, record a failure
+  local name=$1; shift
+  echo "== $name"
+  "$@" > "$work/out" 2>&1; local rc=$?
+  sed 's/^/   | /' "$work/out"
+  if ((rc)); then echo "FAIL $name: exit $rc"; failed=1; else echo "ok   $name"; fi
+  return $rc
+}
+promtool_check() {  # exit 1 is a format error; exit 3 with only DCGM's naming lints passes
+  local rc=0
+  cat "$1"/*.prom | promtool check metrics > "$work/lint" 2>&1 || rc=$?
+  cat "$1"/*.prom
+  if grep -v -e "label names should be written in 'snake_case' not 'camelCase'" \
+      -e 'counter metrics should have "_total" suffix' -e "metric name should not include type 'counter'" \
+      "$work/lint"; then return 1; fi
+  ((rc == 0 || rc == 3))
+}
+smi=$(command -v nvidia-smi)
+step "gpu-power apply --dry-run (clamped to each GPU's range, nothing set)" \
+  python3 layers/gpu-power/files/nodeforge-gpu-power apply --dry-run --nvidia-smi "$smi" --power-limit 100000
+mkdir -p "$work/textfile"
+step "GPU textfile collector" \
+  python3 layers/gpu-monitoring/files/nodeforge-gpu-metrics --nvidia-smi "$smi" --output-dir "$work/textfile" --no-xid \
+  && step "promtool check metrics on the collector's output (format errors fail; DCGM's own naming lints are expected)" \
+    promtool_check "$work/textfile"
+step "gpu-health (JSON, no drain)" \
+  python3 layers/gpu-health/files/gpu-health.py --nvidia-smi "$smi" --xid-policy layers/gpu-health/files/xid-policy.tsv \
+    --drain no --json
+step "numa-topology probe" python3 layers/numa-topology/files/numa-probe.py --nvidia-smi "$smi" --json
 for v in "${versions[@]}"; do
-  devel=$(image "$v-devel-debian12") && runtime=$(image "$v-runtime-debian12") || { failed=1; continue; }
+  if ! devel=$(image "$v-devel-debian12") || ! runtime=$(image "$v-runtime-debian12"); then failed=1; continue; fi
   ccbin=""; [[ $v == 11.* ]] && ccbin="-ccbin g++-11"
   echo "== CUDA $v: compile in $devel"
   if ! docker run --rm -v "$work:/out" --entrypoint /bin/sh "$devel" -c \
@@ -37,7 +72,7 @@ for v in "${versions[@]}"; do
   fi
   echo "== CUDA $v: run in $runtime with the real driver"
   out=$(docker run --rm --gpus all -v "$work:/out:ro" "$runtime" "/out/cuda-check-$v" 2>&1); rc=$?
-  echo "$out" | sed 's/^/   | /'
+  printf '%s\n' "$out" | sed 's/^/   | /'
   if [[ $rc -eq 0 && $out == *"kernel ok"* && $out != *"NVIDIA Driver was not detected"* ]]; then
     echo "ok   CUDA $v: kernel ran and its results check"
   else
