@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import shutil
 import subprocess
@@ -202,6 +203,19 @@ def test_kernel_log_from_a_file(tmp_path: Path) -> None:
     run = check(tmp_path, "health-nvrm", "--kernel-log", str(GPU / "health-xid" / "health-dmesg.txt"))
     assert "xid" in run.doc["failed_rules"] and "nvrm" not in run.doc["failed_rules"]
     assert run.argv("dmesg") == []
+
+
+def test_journal_short_monotonic_lines_count_too(tmp_path: Path) -> None:
+    # journalctl -k -o short-monotonic: "[seconds] host kernel: message"
+    dmesg = (GPU / "health-xid" / "health-dmesg.txt").read_text().splitlines()
+    journal = tmp_path / "journal.txt"
+    journal.write_text("".join(re.sub(r"^(\[[ 0-9.]+\]) ", r"\1 gpu01 kernel: ", line) + "\n" for line in dmesg))
+    run = check(tmp_path, "health-nvidia-smi", "--kernel-log", str(journal), "--xid-window-seconds", "120",
+                uptime=86100.0)
+    assert "xid" in run.doc["failed_rules"]
+    old = check(tmp_path / "old", "health-nvidia-smi", "--kernel-log", str(journal), "--xid-window-seconds", "60",
+                uptime=86100.0)
+    assert "xid" not in old.doc["failed_rules"]
 
 
 def test_a_warning_rule_can_be_made_critical(tmp_path: Path) -> None:

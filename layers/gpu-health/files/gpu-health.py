@@ -25,6 +25,10 @@ this program drains the node itself (scontrol update ... State=DRAIN Reason="gpu
 nvidia-smi once per kind of data (never once per GPU), gives every command a timeout, and
 stops asking once its deadline is spent. It never sleeps.
 
+The kernel log comes from `dmesg` (--dmesg-command), or a file (--kernel-log); the journal works
+too: --dmesg-command "journalctl -k -b -o short-monotonic --no-pager" prints the same
+[seconds since boot] stamps that --xid-window-seconds reads.
+
 Exit status (Nagios): 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.
 """
 
