@@ -29,9 +29,25 @@ def _root_for(image_arg: str, root: str | None) -> str:
     return "."
 
 
+def cmd_list_checks(args: argparse.Namespace) -> int:
+    from .checks import rootfs  # noqa: F401  (registers the assembler's checks)
+    from .checks.registry import listing
+    from .compose import image  # noqa: F401  (registers composition's checks)
+
+    asserts = []
+    if (Path(args.root) / "layers").is_dir():
+        tree = _tree(args)
+        asserts = [(layer.name, a["name"], a["message"], a["remedy"]) for layer in tree.layers.values()
+                   for a in layer.data["asserts"]]
+    print(listing(asserts))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from .compose.image import compose
 
+    if args.list_checks:
+        return cmd_list_checks(args)
     tree = _tree(args)
     problems: list[Any] = []
     configs = [None, *tree.configs] if not args.config else [args.config]
@@ -245,6 +261,8 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("validate", help="check every layer, image and config")
     sp.add_argument("--config", "-c", default=None)
+    sp.add_argument("--list-checks", action="store_true",
+                    help="list every named check (and each layer's asserts) with its doc and remedy")
     sp.set_defaults(func=cmd_validate, image_arg=None)
 
     sp = sub.add_parser("plan", help="show what an image will contain")

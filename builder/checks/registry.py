@@ -26,10 +26,13 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}
+STAGES = ("compose", "assemble")  # in the order they run
 
 
 def check(name: str, stage: str, doc: str, remedy: str) -> Check:
     """Register a named check; a name is registered once."""
+    if stage not in STAGES:
+        raise ValueError(f"check {name!r}: stage {stage!r} is not one of {STAGES}")
     if name in CHECKS:
         raise ValueError(f"check {name!r} registered twice")
     CHECKS[name] = Check(name, stage, doc, remedy)
@@ -40,7 +43,7 @@ def listing(asserts: list[tuple[str, str, str, str]] | None = None) -> str:
     """The text of `validate --list-checks`: every registered check, then the layers' asserts
     given as (layer, name, message, remedy)."""
     lines = []
-    for c in sorted(CHECKS.values(), key=lambda c: (c.stage, c.name)):
+    for c in sorted(CHECKS.values(), key=lambda c: (STAGES.index(c.stage), c.name)):
         lines += [f"{c.name}  ({c.stage})", f"    {c.doc}", f"    fix: {c.remedy}"]
     for layer, name, message, remedy in sorted(asserts or []):
         lines += [f"assert/{name}  (compose, layer {layer})", f"    {message}", f"    fix: {remedy}"]

@@ -131,7 +131,7 @@ KINDS: tuple[Kind, ...] = (
          inherit=_inherit_map, conflicts=True),
     Kind("kernel.modules", "modules loaded at boot (/etc/modules-load.d)", h.read_modules, "modules", "list",
          "modules loaded", Diffed("modules loaded", r"etc/modules-load\.d/", _conf_lines(r"etc/modules-load\.d/")),
-         _inherit_list, conflicts=True),
+         _inherit_list),
     Kind("services.enable", "systemd units enabled", h.read_services_enable, "services_enabled", "list",
          "services enabled", Diffed("services enabled", r"^$", _services_of), _inherit_list),
     Kind("services.disable", "systemd units disabled", h.read_services_disable, "services_disabled", "list",

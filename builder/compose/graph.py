@@ -7,8 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks.registry import check
 from ..definitions.load import Image, Layer, Tree
 from ..errors import Collector
+
+LAYER_KNOWN = check("layer/known", "compose", "an image lists layers that exist under layers/", "fix the name")
+LAYER_ONCE = check("layer/once", "compose", "a layer is in an image once (not twice, not again after its parent)",
+                   "list it once")
+APPLIES_TO = check("layer/applies-to", "compose",
+                   "a layer goes into the kinds of image it applies to (node, container)",
+                   "remove it from the image or extend its applies-to")
+REQUIRES = check("layer/requires", "compose", "what a layer requires is a layer of the image or provided by one",
+                 "add a layer that provides it")
+CONFLICTS = check("layer/conflicts", "compose", "two layers that conflict are not in one image",
+                  "remove one of the two layers from the image")
+CYCLE = check("layer/cycle", "compose", "layer requirements form no cycle",
+              "break the cycle by removing one requirement")
 
 
 @dataclass(frozen=True)
@@ -26,13 +40,14 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
     for name in listed:
         if name not in tree.layers:
             out.add(image.file, lines.get(name), f"layers.{name}", f"no layer named {name!r}",
-                    "layers: " + ", ".join(sorted(tree.layers)))
+                    "layers: " + ", ".join(sorted(tree.layers)), LAYER_KNOWN.name)
         elif name in inherited:
             out.add(image.file, lines.get(name), f"layers.{name}",
-                    f"layer {name!r} is already in the parent image", "remove it from this image")
+                    f"layer {name!r} is already in the parent image", "remove it from this image", LAYER_ONCE.name)
     if len(set(listed)) != len(listed):
         dup = next(n for n in listed if listed.count(n) > 1)
-        out.add(image.file, lines.get(dup), f"layers.{dup}", f"layer {dup!r} is listed twice", "list it once")
+        out.add(image.file, lines.get(dup), f"layers.{dup}", f"layer {dup!r} is listed twice", "list it once",
+                LAYER_ONCE.name)
     if out.problems:
         return Resolved((), {})
 
@@ -61,18 +76,18 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
         if kind not in layer.data["applies-to"]:
             out.add(image.file, lines.get(name, image.line("layers")), f"layers.{name}",
                     f"layer {name!r} applies to {', '.join(layer.data['applies-to'])}, not a {kind} image",
-                    "remove it from this image or extend its applies-to")
+                    "remove it from this image or extend its applies-to", APPLIES_TO.name)
         for req in layer.data["requires"]:
             if req not in provided:
                 providers = sorted(n for n, la in tree.layers.items() if req in la.data["provides"])
                 out.add(layer.file, layer.line("requires"), "requires",
                         f"{name!r} requires {req!r}, which nothing in image {image.name!r} provides",
-                        ("add one of: " + ", ".join(providers)) if providers else "no layer provides it")
+                        ("add one of: " + ", ".join(providers)) if providers else "no layer provides it", REQUIRES.name)
         for c in layer.data["conflicts"]:
             if c in provided and provided[c] != name:
                 out.add(layer.file, layer.line("conflicts"), "conflicts",
                         f"{name!r} conflicts with {c!r} (from layer {provided[c]!r}) in image {image.name!r}",
-                        "remove one of the two layers from the image")
+                        "remove one of the two layers from the image", CONFLICTS.name)
     if out.problems:
         return Resolved((), {})
     return Resolved(tuple(_toposort(tree, chosen, present, out)), pulled)
@@ -96,7 +111,7 @@ def _toposort(tree: Tree, chosen: list[str], present: set[str], out: Collector) 
             cycle = [*stack[stack.index(n):], n]
             layer: Layer = tree.layers[n]
             out.add(layer.file, layer.line("requires"), "requires",
-                    "dependency cycle: " + " -> ".join(cycle), "break the cycle by removing one requirement")
+                    "dependency cycle: " + " -> ".join(cycle), CYCLE.remedy, CYCLE.name)
             return False
         state[n] = 1
         for d in deps[n]:

@@ -10,8 +10,14 @@ from typing import Any
 
 import yaml
 
+from ..checks.registry import check
 from ..definitions.load import Config, Image, Tree
 from ..errors import Collector, NodeforgeError
+
+PARAM_KNOWN = check("param/known", "compose", "a parameter value names a layer of the tree and one of its parameters",
+                    "fix the layer or parameter name")
+PARAM_VALUE = check("param/value", "compose", "a parameter value has the parameter's type, bounds, choices or pattern",
+                    "give a value within the parameter's bounds (nodeforge schema layer)")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
         for lname, values in config.data["params"].items():
             if lname not in tree.layers:
                 out.add(config.file, config.line("params", lname), f"params.{lname}",
-                        f"no layer named {lname!r}", "layers: " + ", ".join(sorted(tree.layers)))
+                        f"no layer named {lname!r}", "layers: " + ", ".join(sorted(tree.layers)), PARAM_KNOWN.name)
                 continue
             for pname, value in values.items():
                 line = config.line("params", lname, pname)
@@ -67,13 +73,13 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
         found = tree.layers.get(lname)
         if found is None:
             out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}",
-                    "layers: " + ", ".join(sorted(tree.layers)))
+                    "layers: " + ", ".join(sorted(tree.layers)), PARAM_KNOWN.name)
             continue
         param = found.params.get(pname)
         if param is None:
             known = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
             out.add(file, line, f"{lname}.{pname}", f"layer {lname!r} has no parameter {pname!r}",
-                    f"parameters of {lname}: {known}")
+                    f"parameters of {lname}: {known}", PARAM_KNOWN.name)
             continue
         if lname not in result:
             continue  # a config may carry values for layers this image does not use
@@ -84,7 +90,7 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
             continue
         coerced, why = param.coerce(value)
         if why:
-            out.add(file, line, f"{lname}.{pname}", why, f"{param.doc} ({param.bounds()})")
+            out.add(file, line, f"{lname}.{pname}", why, f"{param.doc} ({param.bounds()})", PARAM_VALUE.name)
             continue
         if param.type == "list":
             coerced = [*current.value, *coerced]

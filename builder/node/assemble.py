@@ -27,6 +27,7 @@ from typing import Any
 
 import docker
 
+from ..checks import rootfs as rootfs_checks
 from ..errors import BuildFailed, EnvironmentProblem
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
@@ -62,6 +63,7 @@ class NodeArtifacts:
     root_mib: int
     files: dict[str, str] = field(default_factory=dict)  # role -> file name in dir
     sha256: dict[str, str] = field(default_factory=dict)  # file name -> digest
+    hygiene: list[str] = field(default_factory=list)  # what the rootfs checks found (checks.rootfs)
     cached: bool = False
 
     def path(self, role: str) -> Path:
@@ -163,27 +165,16 @@ def export_rootfs(c: docker.DockerClient, ref: str, dest: Path) -> None:
         c.api.remove_container(container["Id"], force=True)
 
 
-def scrub(rootfs: Path) -> None:
-    """What the engine leaves behind and what must not be baked into a golden image."""
-    for rel in (".dockerenv", "etc/hostname", "var/lib/dbus/machine-id"):
-        (rootfs / rel).unlink(missing_ok=True)
-    (rootfs / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
-    resolv = rootfs / "etc/resolv.conf"
-    if resolv.is_file() and not resolv.is_symlink() and resolv.stat().st_size == 0:
-        resolv.unlink()
-    (rootfs / "etc/machine-id").write_text("")
-    for key in (rootfs / "etc/ssh").glob("ssh_host_*_key*"):
-        key.unlink()
-
-
-def kernel_version(rootfs: Path) -> str:
-    kernels = sorted(p.name[len("vmlinuz-"):] for p in (rootfs / "boot").glob("vmlinuz-*"))
-    if len(kernels) != 1:
-        raise BuildFailed(f"a node image needs exactly one kernel in /boot, found {kernels or 'none'}; "
-                          "add the kernel layer (linux-image-amd64)")
-    if not (rootfs / "boot" / f"initrd.img-{kernels[0]}").exists():
-        raise BuildFailed(f"no initrd for kernel {kernels[0]}; the kernel layer installs initramfs-tools")
-    return kernels[0]
+def hygiene(rootfs: Path, image: str, progress: Progress) -> list[str]:
+    """The named rootfs checks on the exported root: fixes applied and reported, a fatal one stops."""
+    findings = rootfs_checks.run(rootfs)
+    for f in findings:
+        progress.say(image, f"check {f.render()}")
+    fatal = [f for f in findings if f.action == "fatal"]
+    if fatal:
+        raise BuildFailed("; ".join(f"{f.found} [{f.check.name}]" for f in fatal)
+                          + "\n    fix: " + "; ".join(f.check.remedy for f in fatal))
+    return [f.render() for f in findings]
 
 
 def used_mib(rootfs: Path) -> int:
@@ -289,56 +280,24 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
     rootfs = work / "rootfs"
     with Timer() as t:
         export_rootfs(c, ref, rootfs)
-        scrub(rootfs)
     step("export file system", t)
-    kver = kernel_version(rootfs)
+    findings = hygiene(rootfs, name, progress)
+    kver = rootfs_checks.kernels(rootfs)[0]
     used = used_mib(rootfs)
     root_mib = root_size_mib(used, plan.outputs.get("disk-size-mib"))
     disk_mib = ROOT_START_MIB + root_mib + 1  # the backup GPT lives in the last MiB
     art = NodeArtifacts(name, key, content_key, str(work), kver, full_cmdline(plan), root_label(plan),
-                        _uuid(key, "root-fs"), disk_mib, root_mib)
+                        _uuid(key, "root-fs"), disk_mib, root_mib, hygiene=findings)
     cfg = grub_config(art, name, plan.version)
     (work / "grub.cfg").write_text(cfg)
 
     disk = work / "disk.raw"
     with Timer() as t:
-        disk.touch()
-        os.truncate(disk, disk_mib * MIB)
-        table = "\n".join([
-            "label: gpt", f"label-id: {_uuid(key, 'disk')}", "unit: sectors", "",
-            f"start={BIOS_START_MIB * 2048}, size={BIOS_MIB * 2048}, type={TYPE_BIOS}, "
-            f"uuid={_uuid(key, 'bios')}, name=bios-boot",
-            f"start={ESP_START_MIB * 2048}, size={ESP_MIB * 2048}, type={TYPE_ESP}, uuid={_uuid(key, 'esp')}, "
-            "name=esp",
-            f"start={ROOT_START_MIB * 2048}, size={root_mib * 2048}, type={TYPE_ROOT_X86_64}, "
-            f"uuid={_uuid(key, 'root')}, name=root", ""])
-        _run(["sfdisk", "-q", "--no-reread", "--no-tell-kernel", str(disk)], "partitioning", input=table)
-        fs_uuid = art.root_uuid
-        _run(["mkfs.ext4", "-q", "-F", "-L", art.root_label, "-U", fs_uuid, "-T", "default",
-              "-E", f"root_owner=0:0,hash_seed={fs_uuid},offset={ROOT_START_MIB * MIB}",
-              "-d", str(rootfs), str(disk), f"{root_mib}M"], "making the root file system",
-             env={"E2FSPROGS_FAKE_TIME": epoch})
+        _root_disk(disk, art, rootfs, key, epoch)
     step(f"root ext4 {root_mib} MiB ({used} used)", t)
 
     with Timer() as t:
-        efi = work / "BOOTX64.EFI"
-        _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"--modules={GRUB_MODULES}",
-              f"--install-modules={GRUB_MODULES} efi_gop efi_uga all_video gzio", "--locales=", "--fonts=",
-              "--themes=", f"boot/grub/grub.cfg={work / 'grub.cfg'}"], "making the UEFI boot loader")
-        esp = work / "esp.img"
-        esp_id = hashlib.sha256(f"{key}:esp-id".encode()).hexdigest()[:8]
-        _run(["mkfs.vfat", "-C", "-F", "32", "-n", "ESP", "-i", esp_id, str(esp), str(ESP_MIB * 1024)],
-             "making the EFI system partition")
-        mtools_env = {"MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": epoch}
-        _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"], "writing the ESP", env=mtools_env)
-        _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"], "writing the ESP", env=mtools_env)
-        with disk.open("r+b") as dst, esp.open("rb") as src:
-            dst.seek(ESP_START_MIB * MIB)
-            shutil.copyfileobj(src, dst, 4 * MIB)
-        core = work / "core.img"
-        _run(["grub-mkimage", "-O", "i386-pc", "-o", str(core), "-c", str(work / "grub.cfg"), "-p", "/boot/grub",
-              "biosdisk", *GRUB_MODULES.split()], "making the BIOS boot loader")
-        write_bios_boot(disk, core.read_bytes())
+        _boot_loaders(disk, work, key, epoch)
     step("GRUB for UEFI and BIOS", t)
 
     if "qcow2" in formats:
@@ -358,16 +317,7 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
     root_sha = ""
     if "netboot" in formats:
         with Timer() as t:
-            with (work / "rootfs.tar.gz").open("wb") as f:
-                tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--sort=name",
-                                        f"--mtime=@{epoch}", "--xattrs", "-cf", "-", "."], stdout=subprocess.PIPE)
-                gz = subprocess.run(["gzip", "-1", "-n"], stdin=tar.stdout, stdout=f)
-                if tar.wait() != 0 or gz.returncode != 0:
-                    raise BuildFailed("making the root archive failed")
-            art.files["rootfs"] = "rootfs.tar.gz"
-            art.files["ipxe"] = "boot.ipxe"
-            root_sha = sha256_file(work / "rootfs.tar.gz")
-            (work / "boot.ipxe").write_text(ipxe_script(art, name, plan.version, root_sha))
+            root_sha = _netboot(art, rootfs, work, plan, epoch)
         step("netboot artifacts", t)
     with Timer() as t:
         known = {"rootfs.tar.gz": root_sha} if "netboot" in formats else {}
@@ -375,3 +325,60 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
         (work / "SHA256SUMS").write_text("".join(f"{h}  {f}\n" for f, h in art.sha256.items()))
     step("checksums", t)
     return art
+
+
+def _root_disk(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str) -> None:
+    """The GPT and the root ext4, written straight into the disk file (mkfs.ext4 -d, nothing mounted)."""
+    disk.touch()
+    os.truncate(disk, art.disk_mib * MIB)
+    table = "\n".join([
+        "label: gpt", f"label-id: {_uuid(key, 'disk')}", "unit: sectors", "",
+        f"start={BIOS_START_MIB * 2048}, size={BIOS_MIB * 2048}, type={TYPE_BIOS}, "
+        f"uuid={_uuid(key, 'bios')}, name=bios-boot",
+        f"start={ESP_START_MIB * 2048}, size={ESP_MIB * 2048}, type={TYPE_ESP}, uuid={_uuid(key, 'esp')}, "
+        "name=esp",
+        f"start={ROOT_START_MIB * 2048}, size={art.root_mib * 2048}, type={TYPE_ROOT_X86_64}, "
+        f"uuid={_uuid(key, 'root')}, name=root", ""])
+    _run(["sfdisk", "-q", "--no-reread", "--no-tell-kernel", str(disk)], "partitioning", input=table)
+    fs_uuid = art.root_uuid
+    _run(["mkfs.ext4", "-q", "-F", "-L", art.root_label, "-U", fs_uuid, "-T", "default",
+          "-E", f"root_owner=0:0,hash_seed={fs_uuid},offset={ROOT_START_MIB * MIB}",
+          "-d", str(rootfs), str(disk), f"{art.root_mib}M"], "making the root file system",
+         env={"E2FSPROGS_FAKE_TIME": epoch})
+
+
+def _boot_loaders(disk: Path, work: Path, key: str, epoch: str) -> None:
+    """A standalone GRUB on the ESP (mkfs.vfat and mtools) and GRUB's core.img in the BIOS boot partition."""
+    efi = work / "BOOTX64.EFI"
+    _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"--modules={GRUB_MODULES}",
+          f"--install-modules={GRUB_MODULES} efi_gop efi_uga all_video gzio", "--locales=", "--fonts=",
+          "--themes=", f"boot/grub/grub.cfg={work / 'grub.cfg'}"], "making the UEFI boot loader")
+    esp = work / "esp.img"
+    esp_id = hashlib.sha256(f"{key}:esp-id".encode()).hexdigest()[:8]
+    _run(["mkfs.vfat", "-C", "-F", "32", "-n", "ESP", "-i", esp_id, str(esp), str(ESP_MIB * 1024)],
+         "making the EFI system partition")
+    mtools_env = {"MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": epoch}
+    _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"], "writing the ESP", env=mtools_env)
+    _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"], "writing the ESP", env=mtools_env)
+    with disk.open("r+b") as dst, esp.open("rb") as src:
+        dst.seek(ESP_START_MIB * MIB)
+        shutil.copyfileobj(src, dst, 4 * MIB)
+    core = work / "core.img"
+    _run(["grub-mkimage", "-O", "i386-pc", "-o", str(core), "-c", str(work / "grub.cfg"), "-p", "/boot/grub",
+          "biosdisk", *GRUB_MODULES.split()], "making the BIOS boot loader")
+    write_bios_boot(disk, core.read_bytes())
+
+
+def _netboot(art: NodeArtifacts, rootfs: Path, work: Path, plan: BuildPlan, epoch: str) -> str:
+    """The root archive and boot.ipxe (which carries the archive's sha256); returns that sha256."""
+    with (work / "rootfs.tar.gz").open("wb") as f:
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--sort=name",
+                                f"--mtime=@{epoch}", "--xattrs", "-cf", "-", "."], stdout=subprocess.PIPE)
+        gz = subprocess.run(["gzip", "-1", "-n"], stdin=tar.stdout, stdout=f)
+        if tar.wait() != 0 or gz.returncode != 0:
+            raise BuildFailed("making the root archive failed")
+    art.files["rootfs"] = "rootfs.tar.gz"
+    art.files["ipxe"] = "boot.ipxe"
+    root_sha = sha256_file(work / "rootfs.tar.gz")
+    (work / "boot.ipxe").write_text(ipxe_script(art, plan.image, plan.version, root_sha))
+    return root_sha

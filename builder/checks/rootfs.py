@@ -1,0 +1,146 @@
+"""Root-file-system hygiene of a node image, as named checks (bootc's lints) run by the assembler on
+the exported file system. What the engine leaves behind and what must not be baked into a golden
+image is fixed and reported; what a layer should not leave is reported; a root that cannot boot
+(no kernel, two kernels, no initrd) stops the assembly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .registry import Check, check
+
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: Check
+    found: str  # what was there
+    action: str  # removed, emptied, rewritten, left (a warning) or fatal
+
+    def render(self) -> str:
+        return f"{self.check.name}: {self.found} ({self.action})"
+
+
+@dataclass(frozen=True)
+class RootfsCheck:
+    check: Check
+    find: Callable[[Path], list[str]]  # relative paths (or facts) found
+    fix: Callable[[Path, list[str]], str] | None  # returns the action; None: report only
+    fatal: bool = False
+
+
+def _existing(*rels: str) -> Callable[[Path], list[str]]:
+    return lambda root: [r for r in rels if (root / r).is_file() or (root / r).is_symlink()]
+
+
+def _remove(root: Path, found: list[str]) -> str:
+    for rel in found:
+        (root / rel).unlink(missing_ok=True)
+    return "removed"
+
+
+def _machine_id(root: Path) -> list[str]:
+    found = [r for r in ("var/lib/dbus/machine-id",) if (root / r).exists() or (root / r).is_symlink()]
+    mid = root / "etc/machine-id"
+    if not mid.exists() or mid.read_text().strip():
+        found.append("etc/machine-id")
+    return found
+
+
+def _fix_machine_id(root: Path, found: list[str]) -> str:
+    (root / "var/lib/dbus/machine-id").unlink(missing_ok=True)
+    (root / "etc/machine-id").write_text("")  # empty: systemd makes one on first boot
+    return "emptied"
+
+
+def _hosts(root: Path) -> list[str]:
+    p = root / "etc/hosts"
+    return [] if p.is_file() and p.read_text() == HOSTS else ["etc/hosts"]
+
+
+def _fix_hosts(root: Path, found: list[str]) -> str:
+    (root / "etc/hosts").write_text(HOSTS)
+    return "rewritten"
+
+
+def _empty_resolv(root: Path) -> list[str]:
+    p = root / "etc/resolv.conf"
+    return ["etc/resolv.conf"] if p.is_file() and not p.is_symlink() and p.stat().st_size == 0 else []
+
+
+def _host_keys(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "etc/ssh").glob("ssh_host_*_key*"))
+
+
+def _package_lists(root: Path) -> list[str]:
+    d = root / "var/lib/apt/lists"
+    return sorted(str(p.relative_to(root)) for p in d.glob("*") if p.is_file() and p.name != "lock") if d.is_dir() \
+        else []
+
+
+def _logs(root: Path) -> list[str]:
+    d = root / "var/log"
+    return sorted(str(p.relative_to(root)) for p in d.rglob("*") if p.is_file() and p.stat().st_size > 0) \
+        if d.is_dir() else []
+
+
+def kernels(root: Path) -> list[str]:
+    return sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+
+
+def _kernel_count(root: Path) -> list[str]:
+    found = kernels(root)
+    return [] if len(found) == 1 else [f"kernels in /boot: {', '.join(found) or 'none'}"]
+
+
+def _initrd(root: Path) -> list[str]:
+    found = kernels(root)  # with no kernel or two, rootfs/one-kernel speaks
+    if len(found) != 1:
+        return []
+    return [] if (root / "boot" / f"initrd.img-{found[0]}").exists() else [f"boot/initrd.img-{found[0]}"]
+
+
+ROOTFS_CHECKS: tuple[RootfsCheck, ...] = (
+    RootfsCheck(check("rootfs/engine-leftover", "assemble", "the engine's marker file /.dockerenv is in the root",
+                      "nothing to do: the assembler removes it"), _existing(".dockerenv"), _remove),
+    RootfsCheck(check("rootfs/hostname", "assemble", "/etc/hostname bakes one name into every node",
+                      "nothing to do: the assembler removes it; nodes get their name from DHCP or the site"),
+                _existing("etc/hostname"), _remove),
+    RootfsCheck(check("rootfs/hosts", "assemble", "/etc/hosts holds the build container's name and address",
+                      "nothing to do: the assembler writes the localhost entries only"), _hosts, _fix_hosts),
+    RootfsCheck(check("rootfs/machine-id", "assemble", "a machine-id baked in makes every node the same machine",
+                      "nothing to do: the assembler empties it; systemd makes one on first boot"),
+                _machine_id, _fix_machine_id),
+    RootfsCheck(check("rootfs/resolv-conf", "assemble", "an empty /etc/resolv.conf left by the engine",
+                      "nothing to do: the assembler removes it"), _empty_resolv, _remove),
+    RootfsCheck(check("rootfs/ssh-host-keys", "assemble", "SSH host keys baked in are shared by every node",
+                      "nothing to do: the assembler removes them; the kernel layer makes them on first boot"),
+                _host_keys, _remove),
+    RootfsCheck(check("rootfs/package-lists", "assemble", "apt package lists left in the image (tens of MB, stale)",
+                      "end the layer's installs with `rm -rf /var/lib/apt/lists/*` (packages: does it)"),
+                _package_lists, None),
+    RootfsCheck(check("rootfs/logs", "assemble", "log files written while building are shipped in the image",
+                      "truncate them in the layer that writes them, or accept them (dpkg and apt logs)"),
+                _logs, None),
+    RootfsCheck(check("rootfs/one-kernel", "assemble", "a node image boots exactly one kernel from /boot",
+                      "add the kernel layer (linux-image-amd64) once; remove other linux-image packages"),
+                _kernel_count, None, fatal=True),
+    RootfsCheck(check("rootfs/initrd", "assemble", "the kernel in /boot has its initramfs",
+                      "the kernel layer installs initramfs-tools; keep it"), _initrd, None, fatal=True),
+)
+
+
+def run(root: Path) -> list[Finding]:
+    """Every rootfs check on an exported root: fixes applied, findings returned (fatal ones too)."""
+    findings = []
+    for rc in ROOTFS_CHECKS:
+        found = rc.find(root)
+        if not found:
+            continue
+        action = "fatal" if rc.fatal else rc.fix(root, found) if rc.fix else "left"
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        findings.append(Finding(rc.check, shown, action))
+    return findings

@@ -1,0 +1,168 @@
+"""Named checks: every check composition runs has a fixture that makes it fire (the problem carries
+its name) and the base fixture keeps every one quiet; every rootfs check of the assembler fires
+on a root with the fault and stays quiet on a clean one; `validate --list-checks` lists them all,
+with the layers' asserts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.checks import rootfs
+from builder.checks.registry import CHECKS
+from builder.cli import main
+from builder.compose import compose
+from builder.definitions.load import load_tree
+from builder.errors import DefinitionError
+
+BASE_LAYER = "name: one\nsummary: a layer\nsysctl: {vm.swappiness: 1}\n"
+IMAGE = """name: img
+summary: an image
+kind: node
+version: "1"
+from: {debian: {suite: bookworm}}
+source-date-epoch: 1700000000
+layers: [LAYERS]
+"""
+
+# check name -> (extra layer.yaml files, the image's layer list, image text changes)
+FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
+    "conflict/sysctl": ({"two": "name: two\nsummary: s\nsysctl: {vm.swappiness: 60}\n"}, "one, two", {}),
+    "conflict/env": ({"a": "name: a\nsummary: s\nenv: {X: '1'}\n", "b": "name: b\nsummary: s\nenv: {X: '2'}\n"},
+                     "one, a, b", {}),
+    "conflict/labels": ({"a": "name: a\nsummary: s\nlabels: {x: '1'}\n",
+                         "b": "name: b\nsummary: s\nlabels: {x: '2'}\n"}, "one, a, b", {}),
+    "conflict/files": ({"a": "name: a\nsummary: s\nfiles: [{path: /etc/x, content: a}]\n",
+                        "b": "name: b\nsummary: s\nfiles: [{path: /etc/x, content: b}]\n"}, "one, a, b", {}),
+    "conflict/kernel-arg": ({"a": "name: a\nsummary: s\nkernel: {args: [iommu=pt]}\n",
+                             "b": "name: b\nsummary: s\nkernel: {args: [iommu=off]}\n"}, "one, a, b", {}),
+    "conflict/kernel.modprobe": ({"a": "name: a\nsummary: s\nkernel: {modprobe: {nvidia: {NVreg_X: 1}}}\n",
+                                  "b": "name: b\nsummary: s\nkernel: {modprobe: {nvidia: {NVreg_X: 2}}}\n"},
+                                 "one, a, b", {}),
+    "conflict/module": ({"a": "name: a\nsummary: s\nkernel: {modules: [nvidia], blacklist: [nvidia]}\n"}, "one, a", {}),
+    "conflict/service": ({"a": "name: a\nsummary: s\nservices: {enable: [x.service], disable: [x.service]}\n"},
+                         "one, a", {}),
+    "kernel-arg/known": ({"a": "name: a\nsummary: s\nkernel: {args: [pcie_bus_perf]}\n"}, "one, a", {}),
+    "sysctl/shape": ({"a": "name: a\nsummary: s\nsysctl: {swappiness: 1}\n"}, "one, a", {}),
+    "package/name": ({"a": "name: a\nsummary: s\npackages: {apt: [\"{{ 'Bad_Name' }}\"]}\n"}, "one, a", {}),
+    "test/scope": ({"a": "name: a\nsummary: s\ntests: [{name: t, scope: image, sysctl: {key: vm.x, value: 1}}]\n"},
+                   "one, a", {}),
+    "test/field": ({"a": "name: a\nsummary: s\ntests: [{name: t, service: {name: x.service, active: true}}]\n"},
+                   "one, a", {}),
+    "layer/known": ({}, "one, nothing", {}),
+    "layer/once": ({}, "one, one", {}),
+    "layer/applies-to": ({"a": "name: a\nsummary: s\napplies-to: [container]\n"}, "one, a", {}),
+    "layer/requires": ({"a": "name: a\nsummary: s\nrequires: [gpu-driver]\n"}, "one, a", {}),
+    "layer/conflicts": ({"a": "name: a\nsummary: s\nconflicts: [one]\n"}, "one, a", {}),
+    "layer/cycle": ({"a": "name: a\nsummary: s\nrequires: [b]\n", "b": "name: b\nsummary: s\nrequires: [a]\n"},
+                    "one, a", {}),
+    "param/known": ({}, "one", {"layers: [one]": "layers: [{one: {nope: 1}}]"}),
+    "param/value": ({"a": "name: a\nsummary: s\nparams: {n: {type: int, default: 1, max: 2, doc: d}}\n"},
+                    "one, a", {"layers: [one, a]": "layers: [one, {a: {n: 9}}]"}),
+    "image/source-date-epoch": ({}, "one", {"source-date-epoch: 1700000000\n": ""}),
+    "image/parent": ({}, "one", {"from: {debian: {suite: bookworm}}": "from: {image: nothing}"}),
+}
+
+
+def make_tree(root: Path, layers: dict[str, str], listed: str, changes: dict[str, str]) -> Path:
+    for name, text in {"one": BASE_LAYER, **layers}.items():
+        (root / "layers" / name).mkdir(parents=True)
+        (root / "layers" / name / "layer.yaml").write_text(text)
+    image = IMAGE.replace("LAYERS", listed)
+    for old, new in changes.items():
+        assert old in image
+        image = image.replace(old, new)
+    (root / "images").mkdir()
+    (root / "images" / "img.yaml").write_text(image)
+    (root / "configs").mkdir()
+    return root
+
+
+def test_the_base_fixture_keeps_every_check_quiet(tmp_path: Path) -> None:
+    plan = compose(load_tree(make_tree(tmp_path, {}, "one", {})), "img")
+    assert plan.sysctl["vm.swappiness"].value == "1"
+
+
+def test_every_composition_check_has_a_firing_fixture() -> None:
+    assert {n for n, c in CHECKS.items() if c.stage == "compose"} - set(FIRE) == set()
+
+
+@pytest.mark.parametrize("name", sorted(FIRE))
+def test_check_fires_with_its_name(name: str, tmp_path: Path) -> None:
+    layers, listed, changes = FIRE[name]
+    with pytest.raises(DefinitionError) as e:
+        compose(load_tree(make_tree(tmp_path, layers, listed, changes)), "img")
+    assert name in [p.lint for p in e.value.problems], e.value.render()
+    assert all(p.remedy for p in e.value.problems if p.lint == name)
+
+
+# --- rootfs checks -------------------------------------------------------------------------------
+
+def clean_root(root: Path) -> Path:
+    for rel, text in {"boot/vmlinuz-6.1.0-28-amd64": "k", "boot/initrd.img-6.1.0-28-amd64": "i",
+                      "etc/machine-id": "", "etc/hosts": rootfs.HOSTS, "var/log/apt/eipp.log.xz": ""}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "etc/ssh").mkdir()
+    (root / "var/lib/apt/lists").mkdir(parents=True)
+    (root / "var/lib/apt/lists/lock").write_text("")
+    return root
+
+
+ROOTFS_FAULTS: dict[str, tuple[dict[str, str], str]] = {
+    "rootfs/engine-leftover": ({".dockerenv": ""}, "removed"),
+    "rootfs/hostname": ({"etc/hostname": "buildkitsandbox\n"}, "removed"),
+    "rootfs/hosts": ({"etc/hosts": "172.17.0.2\tbuildkitsandbox\n"}, "rewritten"),
+    "rootfs/machine-id": ({"etc/machine-id": "0123456789abcdef0123456789abcdef\n"}, "emptied"),
+    "rootfs/resolv-conf": ({"etc/resolv.conf": ""}, "removed"),
+    "rootfs/ssh-host-keys": ({"etc/ssh/ssh_host_ed25519_key": "k", "etc/ssh/ssh_host_ed25519_key.pub": "p"},
+                             "removed"),
+    "rootfs/package-lists": ({"var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease": "x"}, "left"),
+    "rootfs/logs": ({"var/log/dpkg.log": "install x\n"}, "left"),
+    "rootfs/one-kernel": ({"boot/vmlinuz-6.1.0-27-amd64": "k"}, "fatal"),
+    "rootfs/initrd": ({"boot/initrd.img-6.1.0-28-amd64": None}, "fatal"),  # type: ignore[dict-item]
+}
+
+
+def test_a_clean_root_keeps_every_rootfs_check_quiet(tmp_path: Path) -> None:
+    assert rootfs.run(clean_root(tmp_path)) == []
+
+
+def test_every_rootfs_check_has_a_fault_fixture() -> None:
+    assert {n for n, c in CHECKS.items() if c.stage == "assemble"} == set(ROOTFS_FAULTS)
+
+
+@pytest.mark.parametrize("name", sorted(ROOTFS_FAULTS))
+def test_rootfs_check_reports_what_it_found(name: str, tmp_path: Path) -> None:
+    root = clean_root(tmp_path)
+    files, action = ROOTFS_FAULTS[name]
+    for rel, text in files.items():
+        if text is None:
+            (root / rel).unlink()
+        else:
+            (root / rel).write_text(text)
+    findings = rootfs.run(root)
+    assert [(f.check.name, f.action) for f in findings] == [(name, action)]
+    if action not in ("left", "fatal"):
+        assert rootfs.run(root) == []  # fixed: a second run finds nothing
+
+
+def test_machine_id_is_emptied_not_removed(tmp_path: Path) -> None:
+    root = clean_root(tmp_path)
+    (root / "etc/machine-id").write_text("abc\n")
+    rootfs.run(root)
+    assert (root / "etc/machine-id").read_text() == ""
+
+
+# --- the listing ---------------------------------------------------------------------------------
+
+def test_list_checks_names_every_check_with_its_remedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    layer = ("name: a\nsummary: s\nparams: {v: {type: str, default: '1', doc: d}}\n"
+             "asserts:\n  - {name: v-is-one, that: \"{{ v == '1' }}\", message: v must be 1, remedy: set v to 1}\n")
+    tree = make_tree(tmp_path, {"a": layer}, "one, a", {})
+    assert main(["--root", str(tree), "validate", "--list-checks"]) == 0
+    out = capsys.readouterr().out
+    for c in CHECKS.values():
+        assert f"{c.name}  ({c.stage})\n    {c.doc}\n    fix: {c.remedy}" in out
+    assert "assert/v-is-one  (compose, layer a)\n    v must be 1\n    fix: set v to 1" in out
