@@ -1,0 +1,284 @@
+"""The cluster layers composed by configs/v100-slurm.yaml: slurm-gpu, infiniband, k8s-gpu, io-tuning.
+
+What each layer writes for the V100 Slurm nodes, the asserts that refuse wrong values (one
+deliberately wrong parameter per layer), the layers' own file tests failing against files
+rendered with another value, and the nvidia-peermem loader on fake sysfs trees."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.compose import compose
+from builder.compose.params import parse_sets
+from builder.definitions.load import load_tree
+from builder.errors import DefinitionError
+from builder.plan import BuildPlan
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("slurm-gpu", "infiniband", "k8s-gpu", "io-tuning")
+PEERMEM_LOAD = ROOT / "layers/infiniband/files/nvidia-peermem-load"
+
+# every key cgroup.conf(5) of Slurm 22.05.8 (bookworm's slurmd) documents; any other key is fatal to slurmd
+CGROUP_CONF_22_05 = {
+    "AllowedKmemSpace", "AllowedRAMSpace", "AllowedSwapSpace", "CgroupAutomount", "CgroupMountpoint",
+    "CgroupPlugin", "ConstrainCores", "ConstrainDevices", "ConstrainKmemSpace", "ConstrainRAMSpace",
+    "ConstrainSwapSpace", "IgnoreSystemd", "IgnoreSystemdOnFailure", "MaxKmemPercent", "MaxRAMPercent",
+    "MaxSwapPercent", "MemorySwappiness", "MinKmemSpace", "MinRAMSpace",
+}
+
+
+def plan_of(tree: Any, *sets: str, image: str = "node-minimal", config: str = "v100-slurm") -> BuildPlan:
+    return compose(tree, image, config, parse_sets(list(sets)))
+
+
+def files_of(plan: BuildPlan) -> dict[str, str]:
+    return {f.path: f.content for step in plan.steps for f in step.files if f.content is not None}
+
+
+def problems(tree: Any, *sets: str) -> list[str]:
+    with pytest.raises(DefinitionError) as e:
+        plan_of(tree, *sets)
+    return [f"{p.file} {p.path}: {p.message}" for p in e.value.problems]
+
+
+def content_failures(plan: BuildPlan, files: dict[str, str], layer: str) -> list[str]:
+    """Run the layer's image-scope file-content checks of `plan` against rendered `files`."""
+    failed = []
+    for t in plan.tests:
+        if t.layer != layer or t.kind != "file" or "content" not in t.spec or t.spec["path"] not in files:
+            continue
+        text, m = files[t.spec["path"]], t.spec["content"]
+        ok = (all(s in text for s in m.get("contains", [])) and not any(s in text for s in m.get("not-contains", []))
+              and (m.get("matches") is None or re.search(m["matches"], text) is not None)
+              and (m.get("equals") is None or text.strip() == m["equals"]))
+        if not ok:
+            failed.append(t.name)
+    return failed
+
+
+# --- what configs/v100-slurm.yaml gives a node -------------------------------------------------
+
+def test_v100_slurm_adds_the_cluster_layers_to_node_images_only(tree: Any) -> None:
+    node = plan_of(tree)
+    assert [s.layer for s in node.steps][-4:] == list(LAYERS)
+    assert "slurmd" in node.packages and "rdma-core" in node.packages and "perftest" in node.packages
+    container = compose(tree, "container-base", "v100-slurm")
+    assert not set(LAYERS) & {s.layer for s in container.steps}
+
+
+def test_gres_conf_has_one_explicit_line_per_v100_with_its_sockets_cores(tree: Any) -> None:
+    gres = files_of(plan_of(tree))["/etc/slurm/gres.conf"]
+    lines = [line for line in gres.splitlines() if line and not line.startswith("#")]
+    assert lines == [
+        "AutoDetect=off",
+        "NodeName=v100-[01-16] Name=gpu Type=v100 File=/dev/nvidia0 Cores=0-19",
+        "NodeName=v100-[01-16] Name=gpu Type=v100 File=/dev/nvidia1 Cores=0-19",
+        "NodeName=v100-[01-16] Name=gpu Type=v100 File=/dev/nvidia2 Cores=20-39",
+        "NodeName=v100-[01-16] Name=gpu Type=v100 File=/dev/nvidia3 Cores=20-39",
+    ]
+
+
+def test_slurm_conf_fragment_and_cgroup_conf(tree: Any) -> None:
+    files = files_of(plan_of(tree))
+    fragment = files["/etc/slurm/nodeforge-gpu-nodes.conf"]
+    assert "\nGresTypes=gpu\n" in fragment
+    assert ("\nNodeName=v100-[01-16] Sockets=2 CoresPerSocket=20 ThreadsPerCore=2 RealMemory=380000 "
+            "Gres=gpu:v100:4 State=UNKNOWN\n") in fragment
+    cgroup = dict(line.split("=", 1) for line in files["/etc/slurm/cgroup.conf"].splitlines()
+                  if line and not line.startswith("#"))
+    assert cgroup["ConstrainDevices"] == "yes" and cgroup["CgroupPlugin"] == "cgroup/v2"
+    assert set(cgroup) <= CGROUP_CONF_22_05, set(cgroup) - CGROUP_CONF_22_05
+    # no controller configured: slurm.conf is left to provisioning, slurmd waits for it and the munge key
+    assert "SlurmctldHost" not in files["/etc/slurm/nodeforge-cluster.conf"]
+    join = files["/etc/systemd/system/slurmd.service.d/nodeforge-join.conf"]
+    assert "ConditionPathExists=/etc/munge/munge.key" in join
+    assert "slurmd.service" in [v.value for v in plan_of(tree).services_enabled]
+
+
+def test_a_controller_gives_a_complete_minimal_slurm_conf(tree: Any) -> None:
+    conf = files_of(plan_of(tree, "slurm-gpu.controller=ctl1"))["/etc/slurm/nodeforge-cluster.conf"]
+    for line in ("SlurmctldHost=ctl1", "include /etc/slurm/nodeforge-gpu-nodes.conf", "ProctrackType=proctrack/cgroup",
+                 "TaskPlugin=task/cgroup,task/affinity", "PartitionName=gpu Nodes=v100-[01-16] Default=YES"):
+        assert f"\n{line}" in conf, line
+
+
+def test_cores_from_the_topology_and_type_from_the_model(tree: Any) -> None:
+    # no explicit cores: GPUs spread over the sockets in index order, each gets its socket's logical cores
+    gres = files_of(plan_of(tree, "slurm-gpu.cores=null", "slurm-gpu.gpu_type="))["/etc/slurm/gres.conf"]
+    assert re.findall(r"Type=(\S+) File=(/dev/nvidia\d) Cores=(\S+)", gres) == [
+        ("v100", "/dev/nvidia0", "0-19"), ("v100", "/dev/nvidia1", "0-19"),
+        ("v100", "/dev/nvidia2", "20-39"), ("v100", "/dev/nvidia3", "20-39")]
+    unbound = files_of(plan_of(tree, "slurm-gpu.bind_cores=false"))["/etc/slurm/gres.conf"]
+    body = unbound.split("AutoDetect=off")[1]
+    assert "Cores=" not in body and body.count("Name=gpu Type=v100 File=/dev/nvidia") == 4
+
+
+def test_infiniband_limits_modules_peermem_and_ipoib(tree: Any) -> None:
+    plan = plan_of(tree)
+    files = files_of(plan)
+    limits = files["/etc/security/limits.d/90-nodeforge-rdma.conf"]
+    assert "* soft memlock unlimited" in limits and "* hard memlock unlimited" in limits
+    assert "\nDefaultLimitMEMLOCK=infinity\n" in files["/etc/systemd/system.conf.d/90-nodeforge-rdma.conf"]
+    assert [v.value for v in plan.modules if v.value in ("ib_umad", "rdma_ucm")] == ["ib_umad", "rdma_ucm"]
+    assert not any("peermem" in str(v.value) for v in plan.modules)  # never modules-load.d: no driver, failed boot
+    ipoib = files["/etc/udev/rules.d/70-nodeforge-ipoib.rules"]
+    assert 'ATTR{type}=="32", ATTR{mode}="datagram", ATTR{mtu}="4092"' in ipoib
+    unit = (ROOT / "layers/infiniband/files/nodeforge-nvidia-peermem.service").read_text()
+    assert "After=rdma-hw.target" in unit and "WantedBy=rdma-hw.target" in unit
+    assert "ExecCondition=/usr/lib/nodeforge/nvidia-peermem-load --check" in unit
+    connected = files_of(plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520"))
+    assert 'ATTR{mode}="connected", ATTR{mtu}="65520"' in connected["/etc/udev/rules.d/70-nodeforge-ipoib.rules"]
+
+
+def test_kubelet_labels_as_gpu_feature_discovery_names_them(tree: Any) -> None:
+    kubelet = files_of(plan_of(tree))["/etc/default/kubelet"]
+    assert ('\nKUBELET_EXTRA_ARGS="--node-labels=nvidia.com/gpu.count=4,nvidia.com/gpu.product=Tesla-V100-SXM2-32GB,'
+            'nvidia.com/gpu.memory=32768,nvidia.com/gpu.family=volta"\n') in kubelet
+    extra = files_of(plan_of(tree, 'k8s-gpu.extra_labels=["example.com/rack=r12"]',
+                             "k8s-gpu.extra_args=--max-pods=200"))
+    assert 'nvidia.com/gpu.family=volta,example.com/rack=r12 --max-pods=200"' in extra["/etc/default/kubelet"]
+
+
+def test_kubelet_product_drops_what_gfd_drops(scratch_tree: Path) -> None:
+    cfg = (scratch_tree / "configs/v100-slurm.yaml").read_text()
+    (scratch_tree / "configs/v100-slurm.yaml").write_text(
+        cfg.replace("model: Tesla V100-SXM2-32GB", "model: 'NVIDIA H100 80GB HBM3 (SXM5)'"))
+    kubelet = files_of(plan_of(load_tree(scratch_tree)))["/etc/default/kubelet"]
+    assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3-SXM5," in kubelet
+    assert "nvidia.com/gpu.family=hopper" in kubelet
+
+
+def test_nvme_rule_and_scratch_settings(tree: Any) -> None:
+    files = files_of(plan_of(tree, 'io-tuning.scratch_disks=["/dev/md0"]'))
+    rule = files["/etc/udev/rules.d/60-nodeforge-nvme.rules"]
+    assert 'KERNEL=="nvme[0-9]*n[0-9]*", ENV{DEVTYPE}=="disk", ATTR{queue/scheduler}="none", ' \
+           'ATTR{queue/read_ahead_kb}="1024"' in rule
+    conf = files["/etc/nodeforge/scratch-disks.conf"]
+    assert 'SCRATCH_DISKS="/dev/md0"' in conf and "SCRATCH_STRIDE=16\n" in conf and "SCRATCH_STRIPE_WIDTH=64\n" in conf
+
+
+# --- one deliberately wrong parameter per layer is refused, with the reason -------------------
+
+@pytest.mark.parametrize(("sets", "rule", "says"), [
+    (["slurm-gpu.autodetect=nvml"], "no-nvml-autodetect-on-bookworm", "slurm-wlm-nvml-plugin"),
+    (['slurm-gpu.cores=null', 'slurm-gpu.cores=["0-19", "0-19", "20-39"]'],
+     "one-core-list-per-gpu", "3 entries for 4 GPUs"),
+    (['slurm-gpu.cores=null', 'slurm-gpu.cores=["0-19,40-59", "0-19", "20-39", "20-39"]'],
+     "cores-are-logical-indices", "not OS CPU numbers"),
+    (["slurm-gpu.gpu_type=", "slurm-gpu.node_names=gpu[1-4"], "node_names", "expected a value matching"),
+    (["infiniband.ipoib_mtu=65520"], "ipoib-mtu-fits-mode", "needs connected mode"),
+    (['infiniband.boot_modules=["ib_umad; reboot"]'], "modules-are-module-names", "kernel module names"),
+    (["k8s-gpu.family=Ada Lovelace"], "labels-follow-kubernetes-grammar", '"nvidia.com/gpu.family=Ada Lovelace"'),
+    (['k8s-gpu.extra_labels=["example.com/rack=-r12"]'], "labels-follow-kubernetes-grammar", "example.com/rack=-r12"),
+    (["io-tuning.scratch_stripe_width=60"], "stripe-width-is-stride-times-disks",
+     "not a multiple of scratch_stride 16"),
+    (['io-tuning.scratch_disks=["sdb"]'], "scratch-disks-are-devices", "other than /dev paths"),
+])
+def test_a_wrong_value_is_refused_with_its_reason(tree: Any, sets: list[str], rule: str, says: str) -> None:
+    found = problems(tree, *sets)
+    assert any(rule in p and says in p for p in found), found
+
+
+def test_slurm_gpu_needs_the_site_gpu_count(scratch_tree: Path) -> None:
+    cfg = (scratch_tree / "configs/v100-slurm.yaml").read_text()
+    (scratch_tree / "configs/v100-slurm.yaml").write_text(cfg.replace("count: 4", "count: 0"))
+    with pytest.raises(DefinitionError) as e:
+        plan_of(load_tree(scratch_tree))
+    assert any("gpu-count-known" in p.path and "site.gpu.count is 0" in p.message for p in e.value.problems)
+
+
+def test_the_remedy_of_each_refusal_composes(tree: Any) -> None:
+    plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520", "io-tuning.scratch_stripe_width=48",
+            "k8s-gpu.family=ada-lovelace", 'io-tuning.scratch_disks=["/dev/disk/by-id/nvme-X_1", "/dev/md0"]')
+
+
+# --- the layers' own tests fail against files rendered with another value ------------------------
+
+@pytest.mark.parametrize(("layer", "sets"), [
+    ("slurm-gpu", ["slurm-gpu.cores_per_socket=24", "slurm-gpu.cores=null"]),
+    ("infiniband", ["infiniband.memlock=65536"]),
+    ("infiniband", ["infiniband.ipoib_mtu=2044"]),
+    ("io-tuning", ["io-tuning.read_ahead_kb=4096"]),
+    ("io-tuning", ["io-tuning.nvme_scheduler=mq-deadline"]),
+])
+def test_layer_file_tests_fail_on_a_wrong_value(tree: Any, layer: str, sets: list[str]) -> None:
+    right = plan_of(tree)
+    assert content_failures(right, files_of(right), layer) == []
+    other = plan_of(tree, *sets)
+    assert content_failures(other, files_of(right), layer), f"{layer}: no test noticed {sets}"
+
+
+def test_k8s_file_test_fails_for_another_gpu_count(scratch_tree: Path) -> None:
+    cfg = (scratch_tree / "configs/v100-slurm.yaml").read_text()
+    (scratch_tree / "configs/v8.yaml").write_text(
+        cfg.replace("name: v100-slurm", "name: v8").replace("count: 4", "count: 8")
+        .replace('cores: ["0-19", "0-19", "20-39", "20-39"]', "cores: []"))
+    tree = load_tree(scratch_tree)
+    four, eight = plan_of(tree), plan_of(tree, config="v8")
+    failed = content_failures(eight, files_of(four), "k8s-gpu")
+    assert failed == ["kubelet gets the GPU labels from /etc/default/kubelet"]
+    assert content_failures(eight, files_of(four), "slurm-gpu")  # the fragment says gpu:v100:4
+
+
+# --- the nvidia-peermem loader ------------------------------------------------------------------
+
+def fake_modprobe(bin_dir: Path, sysfs: Path, known: bool, loads: bool) -> Path:
+    """A modprobe that knows nvidia-peermem (or not) and whose load creates the module's sysfs entry (or fails)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "modprobe"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "modprobe $*" >> "{bin_dir}/calls"\n'
+        f'[ "$1" = -n ] && exit {0 if known else 1}\n'
+        + (f'mkdir -p "{sysfs}/module/nvidia_current_peermem"; exit 0\n' if loads else
+           'echo "modprobe: ERROR: could not insert nvidia_current_peermem: Invalid argument" >&2; exit 1\n'))
+    script.chmod(0o755)
+    return bin_dir
+
+
+def run_loader(tmp_path: Path, *args: str, known: bool = True, loads: bool = True,
+               hca: bool = True) -> subprocess.CompletedProcess[str]:
+    sysfs = tmp_path / "sys"
+    (sysfs / "module").mkdir(parents=True, exist_ok=True)
+    (sysfs / "class/infiniband").mkdir(parents=True, exist_ok=True)
+    if hca:
+        (sysfs / "class/infiniband/mlx5_0").mkdir(exist_ok=True)
+    bin_dir = fake_modprobe(tmp_path / "bin", sysfs, known, loads)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NODEFORGE_SYSFS": str(sysfs)}
+    return subprocess.run([str(PEERMEM_LOAD), *args], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_peermem_check_skips_a_node_without_the_driver(tmp_path: Path) -> None:
+    p = run_loader(tmp_path, "--check", known=False)
+    assert p.returncode == 1 and "no NVIDIA driver" in p.stderr
+
+
+def test_peermem_check_skips_a_node_without_an_hca(tmp_path: Path) -> None:
+    p = run_loader(tmp_path, "--check", hca=False)
+    assert p.returncode == 1 and "no RDMA device" in p.stderr
+
+
+def test_peermem_loads_where_driver_and_hca_exist(tmp_path: Path) -> None:
+    assert run_loader(tmp_path, "--check").returncode == 0
+    p = run_loader(tmp_path)
+    assert p.returncode == 0 and "nvidia-peermem: loaded" in p.stdout
+    assert "modprobe nvidia-peermem" in (tmp_path / "bin/calls").read_text()
+    again = run_loader(tmp_path)
+    assert again.returncode == 0 and "already loaded" in again.stdout
+
+
+def test_peermem_load_failure_is_a_failure_with_the_known_cause(tmp_path: Path) -> None:
+    p = run_loader(tmp_path, loads=False)
+    assert p.returncode == 1 and "ib_register_peer_memory_client" in p.stderr
+
+
+def test_shipped_shell_scripts_are_shellcheck_clean() -> None:
+    scripts = [PEERMEM_LOAD, ROOT / "layers/io-tuning/files/scratch-format"]
+    p = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
