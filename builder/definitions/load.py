@@ -169,17 +169,35 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
                     f"params.{pname}.default", why)
             continue
         params[pname] = Param(pname, p["type"], value, p["doc"], param.min, param.max, choices, param.pattern)
-    for f in data.get("files", []):
-        if f.get("source") and not (d / "files" / f["source"]).is_file():
-            out.add(rel, None, f"files[{f['path']}].source",
-                    f"expected a file under {_rel(root, d / 'files')}/, found no {f['source']!r}",
-                    "add the file or fix the name")
-    for repo in data.get("packages", {}).get("repos", []):
-        if not (d / "files" / repo["key"]).is_file():
-            out.add(rel, None, f"packages.repos[{repo['name']}].key",
-                    f"expected a key file under {_rel(root, d / 'files')}/, found no {repo['key']!r}",
-                    "add the repository's signing key")
+    where = Definition("", rel, {}, raw)
+    for i, f in enumerate(data.get("files", [])):
+        if f.get("source"):
+            why = _inside_files(root, d, f["source"], "a file")
+            if why:
+                out.add(rel, where.line("files", i, "source"), f"files[{f['path']}].source", why,
+                        "add the file or fix the name; a symlink under files/ must stay inside files/")
+    for i, repo in enumerate(data.get("packages", {}).get("repos", [])):
+        why = _inside_files(root, d, repo["key"], "a key file")
+        if why:
+            out.add(rel, where.line("packages", "repos", i, "key"), f"packages.repos[{repo['name']}].key", why,
+                    "add the repository's signing key under files/")
+    for i, u in enumerate(data.get("users", [])):
+        if u.get("uid") == 0 and u["name"] != "root":
+            out.add(rel, where.line("users", i, "uid"), f"users[{i}].uid",
+                    f"uid 0 is root's alone, found it for {u['name']!r}", "drop the uid or give another one")
     return Layer(d.name, rel, data, raw, dir=d, params=params)
+
+
+def _inside_files(root: Path, layer_dir: Path, name: str, what: str) -> str:
+    """'' when files/<name> is a regular file inside files/ with every symlink resolved, else why not.
+    A symlink that leads out (to /etc/passwd, say) would copy a file of the build host into the image."""
+    files = (layer_dir / "files").resolve()
+    path = (layer_dir / "files" / name).resolve()
+    if not path.is_relative_to(files):
+        return f"expected {what} inside the layer's files/, found {name!r} leading to {str(path)!r} outside it"
+    if not path.is_file():
+        return f"expected {what} under {_rel(root, layer_dir / 'files')}/, found no {name!r}"
+    return ""
 
 
 def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, dict[str, Any], int | None]]:
@@ -207,7 +225,13 @@ def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, di
 
 def load_tree(root: Path) -> Tree:
     out = Collector()
+    if not root.is_dir():
+        raise DefinitionError([Problem(str(root), None, "", "no such directory: expected a project tree with "
+                                       "layers/, images/ and configs/", "give --root the project's directory")])
     root = root.resolve()
+    if not any((root / d).is_dir() for d in ("layers", "images", "configs")):
+        raise DefinitionError([Problem(str(root), None, "", "not a project tree: no layers/, images/ or configs/",
+                                       "give --root the project's directory")])
     layers: dict[str, Layer] = {}
     layer_dir = root / "layers"
     if layer_dir.is_dir():

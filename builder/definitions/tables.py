@@ -4,63 +4,57 @@ These tables drive validation, defaults and the reference printed by `nodeforge 
 
 from __future__ import annotations
 
-from ..debian import PKG_PATTERN
+from . import grammar as g
 from .spec import AnyValue, Bool, Enum, Field, Int, ListOf, MapOf, Scalar, Str, Struct
 
-NAME = Str(r"[a-z0-9][a-z0-9.+_-]*", "a name of lower-case letters, digits, '.', '+', '_' or '-'")
-IDENT = Str(r"[a-z_][a-z0-9_]*", "an identifier (lower-case letters, digits, '_')")
-PKG = Str(PKG_PATTERN, "a Debian package name")
-ABS_PATH = Str(r"/[^\0]*", "an absolute path")
-MODE = Str(r"0?[0-7]{3,4}", "an octal mode such as \"0644\"")
-ENV_NAME = Str(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name")
-LABEL_KEY = Str(r"[a-z0-9][a-z0-9._/-]*", "a label key such as org.example.name")
-MODULE = Str(r"[a-z0-9_-]+", "a kernel module name")
-UNIT = Str(r"[A-Za-z0-9@._:-]+\.(service|socket|timer|path|target|mount)", "a systemd unit name with its suffix")
+# every string's grammar is named in builder.definitions.grammar (by where the value goes)
+NAME, IDENT, PKG, ABS_PATH, MODE = g.NAME, g.IDENT, g.PKG, g.PATH, g.MODE
+ENV_NAME, LABEL_KEY, MODULE, UNIT, LINE = g.ENV_NAME, g.LABEL_KEY, g.MODULE, g.UNIT, g.LINE
 REQUIREMENT = Enum(("gpu", "kvm", "network"))
 SCOPE = Enum(("image", "container", "boot"))
 
 MATCHER = Struct({
-    "contains": Field(ListOf(Str()), "every one of these strings must appear", default=[]),
-    "not-contains": Field(ListOf(Str()), "none of these strings may appear", default=[]),
-    "matches": Field(Str(), "a Python regular expression searched in the text", default=None),
-    "equals": Field(Str(), "the whole text, stripped of surrounding white space", default=None),
+    "contains": Field(ListOf(g.TEXT), "every one of these strings must appear", default=[]),
+    "not-contains": Field(ListOf(g.TEXT), "none of these strings may appear", default=[]),
+    "matches": Field(g.REGEX, "a Python regular expression searched in the text", default=None),
+    "equals": Field(g.TEXT, "the whole text, stripped of surrounding white space", default=None),
 }, "a text matcher (contains, not-contains, matches, equals)")
 
 TEST_KINDS: dict[str, Struct] = {
     "file": Struct({
-        "path": Field(ABS_PATH, "path inside the image", required=True),
+        "path": Field(g.PATH_TEMPLATE, "path inside the image", required=True),
         "exists": Field(Bool(), "whether it must exist", default=True),
         "type": Field(Enum(("file", "directory", "symlink")), "what it must be", default=None),
         "mode": Field(MODE, "octal permission bits", default=None),
-        "owner": Field(Str(), "owning user name or uid", default=None),
-        "group": Field(Str(), "owning group name or gid", default=None),
-        "target": Field(Str(), "symlink target", default=None),
+        "owner": Field(g.OWNER, "owning user name or uid", default=None),
+        "group": Field(g.OWNER, "owning group name or gid", default=None),
+        "target": Field(g.LINE_TEMPLATE, "symlink target", default=None),
         "sha256": Field(Str(r"[0-9a-f]{64}", "64 hex digits"), "content digest", default=None),
         "content": Field(MATCHER, "matchers applied to the content", default=None),
     }),
     "package": Struct({
         "name": Field(PKG, "Debian package name", required=True),
         "installed": Field(Bool(), "whether dpkg must list it as installed", default=True),
-        "version": Field(Str(), "exact version", default=None),
+        "version": Field(g.LINE_TEMPLATE, "exact version", default=None),
     }),
     "command": Struct({
-        "run": Field(Str(), "shell command, run with bash -c", required=True),
+        "run": Field(g.TEXT, "shell command, run with bash -c", required=True),
         "exit": Field(Int(0, 255), "expected exit status", default=0),
         "stdout": Field(MATCHER, "matchers on standard output", default=None),
         "stderr": Field(MATCHER, "matchers on standard error", default=None),
         "timeout": Field(Int(1, 3600), "seconds before the command is killed and the test fails", default=60),
-        "user": Field(Str(), "user to run as", default=None),
+        "user": Field(g.OWNER, "user to run as", default=None),
     }),
     "env": Struct({
         "name": Field(ENV_NAME, "variable name", required=True),
-        "value": Field(Str(), "exact value", default=None),
-        "contains": Field(Str(), "substring of the value", default=None),
+        "value": Field(g.LINE_TEMPLATE, "exact value", default=None),
+        "contains": Field(g.LINE_TEMPLATE, "substring of the value", default=None),
         "absent": Field(Bool(), "the variable must not be set", default=False),
     }),
     "label": Struct({
         "name": Field(LABEL_KEY, "label key", required=True),
-        "value": Field(Str(), "exact value", default=None),
-        "matches": Field(Str(), "regular expression", default=None),
+        "value": Field(g.LINE_TEMPLATE, "exact value", default=None),
+        "matches": Field(g.REGEX, "regular expression", default=None),
     }),
     "service": Struct({
         "name": Field(UNIT, "unit name", required=True),
@@ -68,11 +62,11 @@ TEST_KINDS: dict[str, Struct] = {
         "active": Field(Bool(), "running (boot scope only)", default=None),
     }),
     "sysctl": Struct({
-        "key": Field(Str(), "sysctl key", required=True),
+        "key": Field(g.SYSCTL_KEY, "sysctl key", required=True),
         "value": Field(Scalar(), "value the running kernel must report", required=True),
     }),
     "cmdline": Struct({
-        "contains": Field(ListOf(Str()), "kernel arguments that /proc/cmdline must hold", required=True),
+        "contains": Field(ListOf(g.KARG), "kernel arguments that /proc/cmdline must hold", required=True),
     }),
     "module": Struct({
         "name": Field(MODULE, "kernel module", required=True),
@@ -80,7 +74,8 @@ TEST_KINDS: dict[str, Struct] = {
         "blacklisted": Field(Bool(), "blacklisted in the root filesystem and the initramfs", default=None),
     }),
     "entrypoint": Struct({
-        "args": Field(ListOf(Str()), "arguments given to the image's own entrypoint (the CMD)", default=[]),
+        "args": Field(ListOf(g.LINE_TEMPLATE), "arguments given to the image's own entrypoint (the CMD)",
+                      default=[]),
         "exit": Field(Int(0, 255), "expected exit status", default=0),
         "stdout": Field(MATCHER, "matchers on standard output", default=None),
         "stderr": Field(MATCHER, "matchers on standard error", default=None),
@@ -117,57 +112,58 @@ UNJUDGED = {(kind, scope): _all(kind) - fields for kind, scopes in TEST_SCOPES.i
             for scope, fields in scopes.items()}
 
 TEST = Struct({
-    "name": Field(Str(), "what the test shows, in a few words", required=True),
+    "name": Field(g.LINE_TEMPLATE, "what the test shows, in a few words", required=True),
     "scope": Field(SCOPE, "image (no exec), container (test container) or boot (booted VM)"),
     "requires": Field(ListOf(REQUIREMENT, unique=True), "hardware the test needs; skipped where absent",
                       default=[]),
-    "when": Field(Str(), "a template; the test is dropped when it renders false, 0 or empty", default=None),
+    "when": Field(g.TEXT, "a template; the test is dropped when it renders false, 0 or empty", default=None),
     **{k: Field(v, f"a {k} check") for k, v in TEST_KINDS.items()},
 }, "a test", one_of=tuple(TEST_KINDS))
 
 PARAM = Struct({
     "type": Field(Enum(("int", "str", "bool", "float", "list")), "value type", required=True),
     "default": Field(AnyValue(), "default value", required=True),
-    "doc": Field(Str(), "what the parameter does", required=True),
+    "doc": Field(g.TEXT, "what the parameter does", required=True),
     "min": Field(Int(), "smallest allowed value (int, float)", default=None),
     "max": Field(Int(), "largest allowed value (int, float)", default=None),
     "choices": Field(ListOf(Scalar()), "allowed values", default=None),
-    "pattern": Field(Str(), "regular expression a str value must match", default=None),
+    "pattern": Field(g.REGEX, "regular expression a str value must match", default=None),
 })
 
 FILE = Struct({
-    "path": Field(ABS_PATH, "destination in the image", required=True),
-    "source": Field(Str(r"[^/].*", "a path relative to the layer's files/"), "template or file under files/"),
-    "content": Field(Str(), "inline content (a template)"),
+    "path": Field(g.PATH_TEMPLATE, "destination in the image (normalised; no '..', not / itself)",
+                  required=True),
+    "source": Field(g.SOURCE, "template or file under files/ (symlinks must stay inside files/)"),
+    "content": Field(g.TEXT, "inline content (a template)"),
     "template": Field(Bool(), "render with Jinja2 (default: true for inline content and *.j2 sources)"),
     "mode": Field(MODE, "octal mode", default="0644"),
-    "owner": Field(Str(), "owner", default="root"),
-    "group": Field(Str(), "group", default="root"),
+    "owner": Field(g.OWNER, "owner", default="root"),
+    "group": Field(g.OWNER, "group", default="root"),
 }, "a file", one_of=("source", "content"))
 
 REPO = Struct({
     "name": Field(NAME, "file name under /etc/apt/sources.list.d", required=True),
-    "uri": Field(Str(r"https?://\S+", "an http(s) URI"), "repository URI", required=True),
-    "suites": Field(ListOf(Str()), "suites, e.g. bookworm or /", required=True),
-    "components": Field(ListOf(Str()), "components", default=[]),
-    "key": Field(Str(r"[^/].*", "a path relative to the layer's files/"),
-                 "armored or binary OpenPGP key under files/", required=True),
+    "uri": Field(g.URI, "repository URI", required=True),
+    "suites": Field(ListOf(g.SUITE), "suites, e.g. bookworm or /", required=True),
+    "components": Field(ListOf(g.COMPONENT), "components", default=[]),
+    "key": Field(g.SOURCE, "armored or binary OpenPGP key under files/ (signature checks stay on: no Trusted, "
+                 "no other option)", required=True),
 })
 
 LAYER = Struct({
     "name": Field(NAME, "the layer's name; equals its directory name", required=True),
-    "summary": Field(Str(), "one line: what a GPU node gets from this layer", required=True),
-    "description": Field(Str(), "why, in a paragraph", default=""),
+    "summary": Field(LINE, "one line: what a GPU node gets from this layer", required=True),
+    "description": Field(g.TEXT, "why, in a paragraph", default=""),
     "applies-to": Field(ListOf(Enum(("node", "container")), unique=True), "image kinds", default=["node", "container"]),
     "requires": Field(ListOf(NAME, unique=True), "layers or provided names this one needs", default=[]),
     "provides": Field(ListOf(NAME, unique=True), "virtual names this layer satisfies", default=[]),
     "conflicts": Field(ListOf(NAME, unique=True), "layers or names that cannot be in the same image", default=[]),
     "params": Field(MapOf(IDENT, PARAM), "typed parameters", default={}),
     "packages": Field(Struct({
-        "apt": Field(ListOf(Str(), unique=True), "Debian packages (templates allowed)", default=[]),
-        "hold": Field(ListOf(Str(), unique=True), "packages to apt-mark hold (templates allowed)", default=[]),
+        "apt": Field(ListOf(PKG, unique=True), "Debian packages (templates allowed)", default=[]),
+        "hold": Field(ListOf(PKG, unique=True), "packages to apt-mark hold (templates allowed)", default=[]),
         "repos": Field(ListOf(REPO), "extra signed apt repositories", default=[]),
-        "pip": Field(ListOf(Str(), unique=True),
+        "pip": Field(ListOf(g.PIP, unique=True),
                      "Python wheels (requirements such as name==1.2.*; templates allowed); exact versions and "
                      "sha256 come from the lock file", default=[]),
         "pip-target": Field(ABS_PATH, "directory the wheels are unpacked into (no pip in the image)",
@@ -175,13 +171,13 @@ LAYER = Struct({
     }), "packages to install", default={"apt": [], "hold": [], "repos": [], "pip": [],
                                         "pip-target": "/opt/nodeforge/wheels"}),
     "files": Field(ListOf(FILE), "files to write", default=[]),
-    "sysctl": Field(MapOf(Str(r"[^\s=]+", "a sysctl key"), Scalar()), "sysctl settings", default={}),
+    "sysctl": Field(MapOf(g.SYSCTL_KEY, Scalar(g.SYSCTL_VALUE)), "sysctl settings", default={}),
     "kernel": Field(Struct({
-        "args": Field(ListOf(Str()), "kernel command-line arguments", default=[]),
-        "modules": Field(ListOf(Str()), "modules to load at boot", default=[]),
-        "modprobe": Field(MapOf(MODULE, MapOf(Str(r"[A-Za-z0-9_]+", "an option name"), Scalar())),
+        "args": Field(ListOf(g.KARG), "kernel command-line arguments", default=[]),
+        "modules": Field(ListOf(MODULE), "modules to load at boot", default=[]),
+        "modprobe": Field(MapOf(MODULE, MapOf(g.MODULE_OPTION, Scalar(g.MODULE_OPTION_VALUE))),
                           "module options for /etc/modprobe.d", default={}),
-        "blacklist": Field(ListOf(Str()), "modules never to load", default=[]),
+        "blacklist": Field(ListOf(MODULE), "modules never to load", default=[]),
     }), "kernel contributions", default={"args": [], "modules": [], "modprobe": {}, "blacklist": []}),
     "services": Field(Struct({
         "enable": Field(ListOf(UNIT, unique=True), "units to enable", default=[]),
@@ -189,25 +185,25 @@ LAYER = Struct({
     }), "systemd units", default={"enable": [], "disable": []}),
     "env": Field(MapOf(ENV_NAME, Scalar()), "image environment", default={}),
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
-    "entrypoint": Field(ListOf(Str()), "the image's ENTRYPOINT (exec form; templates allowed); kept by images "
-                        "built on this one", default=None),
+    "entrypoint": Field(ListOf(g.LINE_TEMPLATE), "the image's ENTRYPOINT (exec form; templates allowed); kept by "
+                        "images built on this one", default=None),
     "users": Field(ListOf(Struct({
-        "name": Field(Str(r"[a-z_][a-z0-9_-]*", "a user name"), "user name", required=True),
-        "uid": Field(Int(0, 65533), "uid", default=None),
-        "groups": Field(ListOf(Str()), "supplementary groups", default=[]),
-        "shell": Field(ABS_PATH, "login shell", default="/bin/bash"),
+        "name": Field(g.USER, "user name", required=True),
+        "uid": Field(Int(0, 65533), "uid (0 is root's alone)", default=None),
+        "groups": Field(ListOf(g.GROUP), "supplementary groups", default=[]),
+        "shell": Field(g.SHELL, "login shell", default="/bin/bash"),
         "system": Field(Bool(), "a system account", default=False),
     })), "users to create", default=[]),
     "steps": Field(ListOf(Struct({
-        "name": Field(Str(), "what the step does", required=True),
-        "run": Field(Str(), "shell, run with bash -euo pipefail inside the image", required=True),
+        "name": Field(Str(r"[^#]*", "a step name (one line)", max_len=200), "what the step does", required=True),
+        "run": Field(g.TEXT, "shell, run with bash -euo pipefail inside the image", required=True),
     })), "build-time shell: the escape hatch", default=[]),
     "asserts": Field(ListOf(Struct({
         "name": Field(NAME, "what the assertion guards, as a name", required=True),
-        "that": Field(Str(), "a template; the image is rejected when it renders false, 0, no or empty",
+        "that": Field(g.TEXT, "a template; the image is rejected when it renders false, 0, no or empty",
                       required=True),
-        "message": Field(Str(), "what is wrong (a template: name the values)", required=True),
-        "remedy": Field(Str(), "how to fix it (a template)", default=""),
+        "message": Field(g.TEXT, "what is wrong (a template: name the values)", required=True),
+        "remedy": Field(g.TEXT, "how to fix it (a template)", default=""),
     })), "conditions on parameter values that composing checks (versions that must match, ...)", default=[]),
     "tests": Field(ListOf(TEST), "checks that travel with the layer", default=[]),
 }, "a layer definition")
@@ -226,19 +222,20 @@ LAYER_REF_VALUE = MapOf(IDENT, AnyValue())
 
 IMAGE = Struct({
     "name": Field(NAME, "the image's name; equals its file name", required=True),
-    "summary": Field(Str(), "what the image is for", required=True),
+    "summary": Field(LINE, "what the image is for", required=True),
     "kind": Field(Enum(("node", "container")), "node (bootable) or container", required=True),
-    "version": Field(Str(), "image version (org.opencontainers.image.version)", default="0.0.0"),
+    "version": Field(g.VERSION, "image version (org.opencontainers.image.version)", default="0.0.0"),
     "from": Field(Struct({
         "debian": Field(DEBIAN, "bootstrap a Debian base with mmdebstrap"),
         "image": Field(NAME, "build on another image of ours"),
     }, "a base (debian or image)", one_of=("debian", "image")), "what the image starts from", required=True),
-    "source-date-epoch": Field(Int(0), "SOURCE_DATE_EPOCH for the bootstrap and the created label",
+    "source-date-epoch": Field(Int(0, g.EPOCH_MAX), "SOURCE_DATE_EPOCH for the bootstrap and the created label "
+                               "(32 bits: the initramfs, tar and ext4 hold it so)",
                                default=None),
     "layers": Field(ListOf(AnyValue()), "layers in order; an item is a name or {name: {param: value}}",
                     required=True),
     "outputs": Field(Struct({
-        "tags": Field(ListOf(Str(r"[a-z0-9._/:-]+", "an image reference such as nodeforge/x:1"), unique=True),
+        "tags": Field(ListOf(g.TAG, unique=True),
                       "engine tags", default=[]),
         "formats": Field(ListOf(Enum(("raw", "qcow2", "netboot")), unique=True), "node outputs",
                          default=["raw", "qcow2", "netboot"]),
@@ -254,16 +251,17 @@ IMAGE = Struct({
 
 CONFIG = Struct({
     "name": Field(NAME, "the config's name; equals its file name", required=True),
-    "summary": Field(Str(), "which site or cluster", required=True),
+    "summary": Field(LINE, "which site or cluster", required=True),
     "site": Field(Struct({
         "gpu": Field(Struct({
-            "model": Field(Str(), "GPU model, e.g. A100-SXM4-80GB", default="none"),
+            "model": Field(Str(r"[A-Za-z0-9 ._()+-]*", "a GPU model name", max_len=128),
+                           "GPU model, e.g. A100-SXM4-80GB", default="none"),
             "count": Field(Int(0, 64), "GPUs per node", default=0),
             "memory-mib": Field(Int(0), "memory per GPU", default=0),
         }), "GPUs per node", default={"model": "none", "count": 0, "memory-mib": 0}),
         "fabric": Field(Enum(("none", "infiniband", "roce", "nvswitch")), "interconnect", default="none"),
         "power-limit-watts": Field(Int(0, 2000), "per-GPU power limit; 0 keeps the default", default=0),
-        "registry": Field(Str(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", "host[:port][/path]"),
+        "registry": Field(g.REGISTRY,
                           "registry to publish to", default=None),
     }), "site facts, available to templates as site.*", default=None),
     "layers": Field(Struct({

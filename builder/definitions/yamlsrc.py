@@ -54,7 +54,7 @@ def _check_depth(text: str, loader_cls: type[yaml.SafeLoader]) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise _Refused(event.start_mark.line + 1, "", f"nested deeper than {MAX_DEPTH} levels",
+                raise _Refused(event.start_mark.line + 1 if event.start_mark else None, "", f"nested deeper than {MAX_DEPTH} levels",
                                "flatten the structure")
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
