@@ -5,7 +5,7 @@ CONFIG   ?= configs/default.yaml
 IMAGE    ?= images/gpu-node.yaml
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup build test lint bench gpu-check clean
+.PHONY: setup build test test-fast lint bench gpu-check clean
 
 setup:
 	@scripts/setup.sh
@@ -16,9 +16,18 @@ build: setup
 test: setup
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
+# the unit layer and every other test that needs no engine, no qemu, no network: well under a minute
+test-fast:
+	$(VENV)/bin/pytest -q -m "not engine" $(PYTEST_ARGS)
+
+# shell scripts: the package's resources, scripts/, and every layer file that starts with a shell shebang
+SHELL_SCRIPTS = builder/resources/*.sh scripts/*.sh \
+	$$(find layers -path '*/files/*' -type f ! -name '*.j2' -exec awk 'FNR == 1 && /^\#!.*\/(ba|da)?sh( |$$)/ { print FILENAME }' {} +)
+
 lint: setup
 	$(VENV)/bin/ruff check builder tests benchmarks
 	$(VENV)/bin/mypy
+	shellcheck $(SHELL_SCRIPTS)
 
 bench: setup
 	$(VENV)/bin/python benchmarks/run.py

@@ -4,17 +4,21 @@ layer by layer, in one throwaway container."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import shlex
 import tarfile
+from pathlib import Path
 
 import docker
 
+from .. import resources
 from ..errors import BuildFailed
-from ..lockfile import Lock
+from ..lockfile import Lock, wheel_name
 from ..plan import BuildPlan
 from ..progress import Progress, Timer
 from .client import END_MARK, finished_output
+from .trust import extra_ca
 
 _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)")
 _MARK = "@@nodeforge-layer "
@@ -41,7 +45,7 @@ def _repo_files(plan: BuildPlan) -> bytes:
         for step in plan.steps:
             for f in step.files:
                 if f.path.startswith(("/etc/apt/", "/usr/share/keyrings/")):
-                    data = f.content.encode() if f.content is not None else open(f.source or "", "rb").read()
+                    data = f.content.encode() if f.content is not None else Path(f.source or "").read_bytes()
                     info = tarfile.TarInfo(f.path.lstrip("/"))
                     info.size, info.mode = len(data), int(f.mode, 8)
                     tar.addfile(info, io.BytesIO(data))
@@ -98,68 +102,23 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
 # requirements, cumulatively and constrained by the wheels already in the base and in earlier
 # layers, and reports the exact version, URL and sha256 of every wheel file. pip stays out of the image.
 
-_PIP_RESOLVE = r'''
-import json, pathlib, re, subprocess, sys
-layers = json.loads(pathlib.Path("/tmp/nodeforge-pip.json").read_text())
-def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
-have = {}
-for meta in [m for top in ("/opt", "/usr/local") for m in pathlib.Path(top).glob("**/*.dist-info/METADATA")]:
-    fields = dict(l.split(": ", 1) for l in meta.read_text(errors="replace").splitlines()[:20] if ": " in l)
-    if "Name" in fields:
-        have[norm(fields["Name"])] = fields.get("Version", "")
-pinned = dict(have)
-reqs = []
-out = {"have": have, "layers": {}}
-for layer, requirements in layers:
-    reqs += requirements
-    pathlib.Path("/tmp/c.txt").write_text("".join(f"{n}=={v}\n" for n, v in pinned.items()))
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--break-system-packages",
-           "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--target", "/tmp/t",
-           "--report", "/tmp/r.json", "-c", "/tmp/c.txt", *reqs]
-    if subprocess.run(cmd).returncode != 0:
-        sys.exit(f"pip could not resolve the wheels of layer {layer}: {' '.join(requirements)}")
-    items = {}
-    for i in json.loads(pathlib.Path("/tmp/r.json").read_text())["install"]:
-        d = i["download_info"]
-        sha = (d.get("archive_info", {}).get("hashes") or {}).get("sha256") or \
-            d.get("archive_info", {}).get("hash", "=").split("=", 1)[1]
-        name = norm(i["metadata"]["name"])
-        if name in pinned and name not in [norm(re.split(r"[\s\[=<>!~;@]", r, maxsplit=1)[0]) for r in requirements]:
-            continue  # in the base or an earlier layer
-        items[name] = {"version": i["metadata"]["version"], "url": d["url"], "sha256": sha}
-    for n, w in items.items():
-        pinned[n] = w["version"]
-    out["layers"][layer] = items
-print("@@nodeforge-wheels " + json.dumps(out))
-print("@@nodeforge-end")
-'''
 
 
 def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
                    progress: Progress) -> dict[str, dict[str, dict[str, str]]]:
     """layer -> wheel name -> {version, url, sha256, direct} for every layer with packages.pip."""
-    import json
-
-    from ..lockfile import wheel_name
-
     wanted = [(s.layer, list(s.wheels)) for s in plan.steps if s.wheels]
     if not wanted:
         return {}
-    from .trust import extra_ca
-
     ca = extra_ca()
-    script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q >&2; "
-              "apt-get install -y -q --no-install-recommends python3-pip >&2; "
-              + ("cat /etc/ssl/certs/ca-certificates.crt /tmp/nodeforge-ca.pem >/tmp/ca-all.pem; "
-                 "export PIP_CERT=/tmp/ca-all.pem; " if ca else "")
-              + "python3 /tmp/nodeforge-pip.py")
+    script = resources.text("wheel-resolve.sh")
     with Timer() as t:
         container = c.containers.create(base_ref, ["bash", "-c", script], entrypoint=[], user="root",
                                         labels={"io.nodeforge.role": "lock"})
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:
-                for name, data in (("tmp/nodeforge-pip.py", _PIP_RESOLVE.encode()),
+                for name, data in (("tmp/nodeforge-pip.py", resources.text("pip_resolve.py").encode()),
                                    ("tmp/nodeforge-pip.json", json.dumps(wanted).encode()),
                                    ("tmp/nodeforge-ca.pem", ca.encode())):
                     info = tarfile.TarInfo(name)
