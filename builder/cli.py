@@ -97,11 +97,11 @@ def cmd_render(args: argparse.Namespace) -> int:
         boot = ("#!/bin/sh\n# Recreates this image's base (bit-identical with the same SOURCE_DATE_EPOCH)\nset -e\n"
                 f"SOURCE_DATE_EPOCH={plan.base.epoch} {cmd}\n"
                 f"docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "
-                f"base.tar {hint}\n")
+                f"base.tar {shlex.quote(hint)}\n")
     else:
         parent = compose(tree, plan.base.image or "", args.config, _sets(args))
         hint, boot = parent.tags[0], ""
-    render(plan, Path(args.dir), hint, boot, plan.labels)
+    render(plan, Path(args.dir), hint, boot, plan.labels, project=tree.root)
     print(f"wrote {args.dir}/Dockerfile ({len(plan.steps)} layers); build it with: "
           f"docker build {'--build-arg BASE=' + hint + ' ' if boot else ''}{args.dir}")
     return 0

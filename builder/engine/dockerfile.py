@@ -6,9 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
+from ..definitions.quoting import dockerfile_comment, dockerfile_json, dockerfile_word
+from ..errors import NodeforgeError, UsageError
 from ..plan import BuildPlan, ContextFile, LayerStep
+
+# written into every directory `nodeforge render` makes; only such a directory is ever replaced
+RENDER_MARKER = ".nodeforge-render"
 
 APPLY_DIR = "/usr/lib/nodeforge/layers"
 
@@ -22,18 +28,19 @@ def _files(step: LayerStep) -> list[ContextFile]:
 
 
 def fragment(step: LayerStep, prefix: str) -> str:
-    lines = [f"# layer {step.layer}: {step.summary}", f"# key {step.key}"]
+    lines = [dockerfile_comment(f"layer {step.layer}: {step.summary}"), f"# key {step.key}"]
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")
     if step.apply:
         if step.wheels:  # extra CAs for the wheel downloads (builder.trust); empty by default
             lines.append("ARG NODEFORGE_CA_BUNDLE=")
-        lines.append(f'RUN ["/bin/bash", "{APPLY_DIR}/{step.layer}.sh"]')
+        lines.append(f"RUN {dockerfile_json(['/bin/bash', f'{APPLY_DIR}/{step.layer}.sh'])}")
     if step.env:
-        lines.append("ENV " + " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in step.env))
+        # single-quoted words: the Dockerfile lexer expands no $ in them
+        lines.append("ENV " + " \\\n    ".join(f"{dockerfile_word(k)}={dockerfile_word(v)}" for k, v in step.env))
     if step.entrypoint is not None:
         # exec form; CMD is reset by ENTRYPOINT, so the entrypoint itself defaults to a shell
-        lines.append(f"ENTRYPOINT {json.dumps(list(step.entrypoint))}")
+        lines.append(f"ENTRYPOINT {dockerfile_json(step.entrypoint)}")
     if len(lines) == 2:
         lines.append("# (nothing to do)")
     return "\n".join(lines) + "\n"
@@ -42,7 +49,8 @@ def fragment(step: LayerStep, prefix: str) -> str:
 def label_fragment(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    return "LABEL " + " \\\n      ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())) + "\n"
+    return "LABEL " + " \\\n      ".join(f"{dockerfile_word(k)}={dockerfile_word(v)}"
+                                        for k, v in sorted(labels.items())) + "\n"
 
 
 def write_context(step: LayerStep, dest: Path) -> None:
@@ -50,6 +58,8 @@ def write_context(step: LayerStep, dest: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for f in _files(step):
         target = root / f.path.lstrip("/")
+        if ".." in Path(f.path).parts or not f.path.strip("/"):  # the grammar refuses them; never write outside
+            raise NodeforgeError(f"layer {step.layer}: file path {f.path!r} leaves the image root")
         target.parent.mkdir(parents=True, exist_ok=True)
         if f.content is not None:
             target.write_text(f.content)
@@ -63,28 +73,58 @@ def step_dockerfile(step: LayerStep, parent_ref: str) -> str:
     return f"FROM {parent_ref}\n" + fragment(step, ".")
 
 
-def render(plan: BuildPlan, dest: Path, base_hint: str, bootstrap: str, labels: dict[str, str]) -> None:
-    """Write a whole build context a person can read and build elsewhere."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    parts = [f"# nodeforge image {plan.image}: {plan.summary}",
-             f"# Build: docker build --build-arg BASE=<base image> {dest.name}",
+def _check_destination(dest: Path, project: Path) -> None:
+    """A render never destroys input: the project tree, a directory above it, or an existing path
+    that `render` did not make are refused."""
+    real, project = dest.resolve(), project.resolve()
+    if real == project or project.is_relative_to(real):
+        raise UsageError(f"render: {dest} is the project tree or holds it; give a new directory")
+    if real.is_relative_to(project) and not real.is_relative_to(project / "build"):
+        raise UsageError(f"render: {dest} is inside the project tree; give a directory outside it or under build/")
+    if dest.is_symlink() or (dest.exists() and not (dest.is_dir() and (dest / RENDER_MARKER).is_file())):
+        raise UsageError(f"render: {dest} exists and was not made by `nodeforge render`; it is left as it is: "
+                         "give a new directory or remove it yourself")
+
+
+def render(plan: BuildPlan, dest: Path, base_hint: str, bootstrap: str, labels: dict[str, str],
+           project: Path | None = None) -> None:
+    """Write a whole build context a person can read and build elsewhere: into a temporary
+    directory beside dest, renamed into place once complete (a failure leaves nothing)."""
+    _check_destination(dest, project or Path.cwd())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.render-", dir=dest.parent))
+    old = None
+    try:
+        _write_render(plan, tmp, dest.name, base_hint, bootstrap, labels)
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / "ctx")
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_render(plan: BuildPlan, tmp: Path, name: str, base_hint: str, bootstrap: str,
+                  labels: dict[str, str]) -> None:
+    os.chmod(tmp, 0o755)
+    parts = [dockerfile_comment(f"nodeforge image {plan.image}: {plan.summary}"),
+             f"# Build: docker build --build-arg BASE=<base image> {name}",
              f"# The base is {base_hint}" + (" (recreate it with ./bootstrap.sh)" if bootstrap else ""),
-             f"ARG BASE={base_hint}", "FROM ${BASE}", ""]
+             f"ARG BASE={dockerfile_word(base_hint)}", "FROM ${BASE}", ""]
     for i, step in enumerate(plan.steps, start=1):
         d = f"{i:02d}-{step.layer}"
         write_context(step, tmp / d)
         parts.append(fragment(step, d))
     parts.append(label_fragment(labels))
     if plan.user:
-        parts.append(f"USER {plan.user}\n")
+        parts.append(f"USER {dockerfile_word(plan.user)}\n")
     (tmp / "Dockerfile").write_text("\n".join(parts))
     if bootstrap:
         (tmp / "bootstrap.sh").write_text(bootstrap)
         os.chmod(tmp / "bootstrap.sh", 0o755)
     (tmp / "plan.json").write_text(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    (tmp / RENDER_MARKER).write_text(f"made by nodeforge render of image {plan.image}; render replaces this "
+                                     "directory whole\n")

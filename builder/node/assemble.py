@@ -28,6 +28,7 @@ from typing import Any
 import docker
 
 from ..checks import rootfs as rootfs_checks
+from ..definitions.quoting import Unquotable, cmdline_args, grub_word, grub_words, ipxe_word
 from ..errors import BuildFailed, EnvironmentProblem
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
@@ -121,19 +122,27 @@ def grub_config(art: NodeArtifacts, image: str, version: str) -> str:
     if serial:
         lines += [f"serial --unit={serial[0]} --speed={serial[1]}", "terminal_input serial console",
                   "terminal_output serial console"]
-    lines += [f"search --no-floppy --label --set=root {art.root_label}",
-              f"echo 'nodeforge: booting {image} {version} ({art.kernel_version})'",
-              f"linux /boot/vmlinuz-{art.kernel_version} {art.cmdline}",
-              f"initrd /boot/initrd.img-{art.kernel_version}",
+    # every value a GRUB word of its own, in GRUB's single quotes where it needs them: a kernel
+    # argument with ; $ or a quote reaches the kernel as written and never as GRUB syntax
+    kver = art.kernel_version
+    lines += [f"search --no-floppy --label --set=root {grub_word(art.root_label)}",
+              f"echo {grub_word(f'nodeforge: booting {image} {version} ({kver})')}",
+              f"linux {grub_word(f'/boot/vmlinuz-{kver}')} {grub_words(cmdline_args(art.cmdline))}",
+              f"initrd {grub_word(f'/boot/initrd.img-{kver}')}",
               "boot", ""]
     return "\n".join(lines)
 
 
 def ipxe_script(art: NodeArtifacts, image: str, version: str, root_sha256: str) -> str:
-    cmdline = " ".join(a for a in art.cmdline.split() if not a.startswith("root=") and a != "ro")
+    # iPXE has no quoting: every argument must be one word without ${ (ipxe_word refuses the rest)
+    try:
+        cmdline = " ".join(ipxe_word(a) for a in cmdline_args(art.cmdline) if not a.startswith("root=") and a != "ro")
+    except Unquotable as e:
+        raise BuildFailed(f"netboot of {image}: {e}; drop that kernel argument or the netboot format") from None
     return "\n".join([
         "#!ipxe",
-        f"# nodeforge {image} {version} (assembly {art.key[:12]}): stateless netboot, root in RAM.",
+        f"# nodeforge {' '.join(image.split())} {' '.join(version.split())} (assembly {art.key[:12]}): "
+        "stateless netboot, root in RAM.",
         "# Serve this directory over HTTP and chain this script; base-url defaults to where it came from.",
         "isset ${base-url} || set base-url ${cwduri}",
         f"kernel ${{base-url}}/{art.files['kernel']} initrd={art.files['initrd']} {cmdline} boot=nodeforge-net "
