@@ -92,7 +92,7 @@ def test_slurm_conf_fragment_and_cgroup_conf(tree: Any) -> None:
             "Gres=gpu:v100:4 State=UNKNOWN\n") in fragment
     cgroup = dict(line.split("=", 1) for line in files["/etc/slurm/cgroup.conf"].splitlines()
                   if line and not line.startswith("#"))
-    assert cgroup["ConstrainDevices"] == "yes" and cgroup["CgroupPlugin"] == "cgroup/v2"
+    assert cgroup["ConstrainDevices"] == "yes" and cgroup["CgroupPlugin"] == "autodetect"
     assert set(cgroup) <= CGROUP_CONF_22_05, set(cgroup) - CGROUP_CONF_22_05
     # no controller configured: slurm.conf is left to provisioning, slurmd waits for it and the munge key
     assert "SlurmctldHost" not in files["/etc/slurm/nodeforge-cluster.conf"]
@@ -282,3 +282,25 @@ def test_shipped_shell_scripts_are_shellcheck_clean() -> None:
     scripts = [PEERMEM_LOAD, ROOT / "layers/io-tuning/files/scratch-format"]
     p = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
+
+
+def test_dgx_h100_with_slurm_and_infiniband(scratch_tree: Path) -> None:
+    """The lines configs/dgx-h100.yaml takes for Slurm and InfiniBand compose to eight H100 lines,
+    four GPUs per 56-core socket, with the type derived from the model name."""
+    import yaml
+
+    path = scratch_tree / "configs/dgx-h100.yaml"
+    if not path.exists():
+        pytest.skip("configs/dgx-h100.yaml is not in the tree")
+    cfg = yaml.safe_load(path.read_text())
+    cfg["layers"] = {"node": [*cfg.get("layers", {}).get("node", []), "slurm-gpu", "infiniband"]}
+    cfg["layers"]["node"] = list(dict.fromkeys(cfg["layers"]["node"]))
+    cfg.setdefault("params", {})["slurm-gpu"] = {
+        "node_names": "dgx-h100-[01-32]", "sockets": 2, "cores_per_socket": 56, "threads_per_core": 2,
+        "real_memory_mib": 2000000}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    files = files_of(plan_of(load_tree(scratch_tree), config="dgx-h100"))
+    cores = re.findall(r"Type=(\w+) File=/dev/nvidia(\d) Cores=(\S+)", files["/etc/slurm/gres.conf"])
+    assert cores == [("h100", str(i), "0-55" if i < 4 else "56-111") for i in range(8)]
+    assert "Gres=gpu:h100:8 " in files["/etc/slurm/nodeforge-gpu-nodes.conf"]
+    assert "* hard memlock unlimited" in files["/etc/security/limits.d/90-nodeforge-rdma.conf"]
