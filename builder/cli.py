@@ -4,6 +4,7 @@ environment error (never a traceback)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_USAGE, NodeforgeError
+from .errors import EXIT_FAIL, EXIT_USAGE, NodeforgeError
 
 
 def _tree(args: argparse.Namespace) -> Any:
@@ -347,8 +348,19 @@ def main(argv: list[str] | None = None) -> int:
         print(e.render(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        # temporary files and directories go with the code that made them (finally, context
+        # managers); the containers this process created are removed here
+        client_module = sys.modules.get("builder.engine.client")
+        removed = client_module.remove_throwaway_containers() if client_module else []
+        print("interrupted" + (f"; removed containers {' '.join(removed)}" if removed else ""), file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"error: no space left on the device{where}: nothing was published as complete (partial "
+              "outputs were removed); free space (docker system prune, build/) and run it again", file=sys.stderr)
+        return EXIT_FAIL
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
