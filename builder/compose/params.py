@@ -1,10 +1,13 @@
 """Parameter precedence, lowest first: layer default < config < image < --set on the command line.
 
-Merge rules: a scalar from a higher level replaces the lower one; a list from a higher level is
-appended to the lower one; null resets (to the layer default for scalars, to empty for lists)."""
+Merge rules: a scalar from a higher level replaces the lower one. A list parameter: in a config or
+an image a plain list is appended to the lower level's list and `{replace: [..]}` replaces it; on
+the command line `--set L.P=[a, b]` replaces and `--set L.P+=[c]` (or `+=c`) appends. null resets
+(to the layer default for scalars, to empty for lists)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +31,56 @@ class Setting:
     source: str  # where the value came from, for --explain
 
 
+@dataclass(frozen=True)
+class Append:
+    """`--set L.P+=V`: items appended to a list parameter's lower-level value (a scalar V is one item)."""
+
+    items: tuple[Any, ...]
+
+
+REPLACE = "replace"  # a config's or image's `{replace: [..]}` replaces a list instead of appending
+
+
 def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
     out = []
     for item in items:
         key, eq, text = item.partition("=")
+        append = key.endswith("+")
+        key = key.removesuffix("+")
         layer, dot, param = key.partition(".")
         if not eq or not dot or not layer or not param:
-            raise NodeforgeError(f"--set {item!r}: expected LAYER.PARAM=VALUE, e.g. --set sysctl.swappiness=10")
+            raise NodeforgeError(f"--set {item!r}: expected LAYER.PARAM=VALUE (or LAYER.PARAM+=ITEMS for a list), "
+                                 "e.g. --set sysctl.swappiness=10, --set kernel-args.extra=[quiet,nosmt]")
         try:
             value = yaml.safe_load(text) if text != "" else ""
         except yaml.YAMLError:
             value = text
+        if append:
+            if value is None or value == "":
+                raise NodeforgeError(f"--set {item!r}: += appends items to a list, e.g. --set {key}+=[a,b]; "
+                                     f"--set {key}=null empties it")
+            value = Append(tuple(value) if isinstance(value, list) else (value,))
         out.append((layer, param, value))
     return out
+
+
+def format_sets(sets: list[tuple[str, str, Any]]) -> tuple[str, ...]:
+    """The --set arguments that parse back into `sets` (what a build records on its image)."""
+    out = []
+    for layer, param, value in sets:
+        if isinstance(value, Append):
+            out.append(f"{layer}.{param}+={json.dumps(list(value.items), default=str)}")
+        else:
+            out.append(f"{layer}.{param}={json.dumps(value, default=str)}")
+    return tuple(out)
+
+
+def _list_syntax(lname: str, pname: str, on_command_line: bool) -> str:
+    if on_command_line:
+        return (f"--set {lname}.{pname}=[a,b] replaces the list, --set {lname}.{pname}+=[c] (or +=c) appends, "
+                f"--set {lname}.{pname}=null empties it")
+    return ("a YAML list [a, b] is appended to the lower level's list; {replace: [a, b]} replaces it; null "
+            "empties it")
 
 
 def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Config | None,
@@ -88,11 +128,25 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
             reset = [] if param.type == "list" else param.default
             result[lname][pname] = Setting(lname, pname, reset, f"reset by {source}")
             continue
+        on_command_line = file == "command line"
+        is_list = param.type == "list"
+        append = is_list and not on_command_line  # YAML lists append; --set L.P=[..] replaces
+        if isinstance(value, Append):
+            if not is_list:
+                out.add(file, line, f"{lname}.{pname}", f"+= appends to a list; {lname}.{pname} is {param.bounds()}",
+                        f"--set {lname}.{pname}=VALUE", PARAM_VALUE.name)
+                continue
+            value, append = list(value.items), True
+        elif is_list and isinstance(value, dict) and list(value) == [REPLACE]:
+            value, append = value[REPLACE], False
         coerced, why = param.coerce(value)
         if why:
-            out.add(file, line, f"{lname}.{pname}", why, f"{param.doc} ({param.bounds()})", PARAM_VALUE.name)
+            remedy = f"{param.doc} ({param.bounds()})"
+            if is_list:
+                remedy += "; " + _list_syntax(lname, pname, on_command_line)
+            out.add(file, line, f"{lname}.{pname}", why, remedy, PARAM_VALUE.name)
             continue
-        if param.type == "list":
+        if append:
             coerced = [*current.value, *coerced]
             source = f"{current.source} + {source}"
         result[lname][pname] = Setting(lname, pname, coerced, source)

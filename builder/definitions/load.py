@@ -23,12 +23,15 @@ class Param:
     max: int | None = None
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None
+    items: str | None = None  # a list's item type (str, int, float, bool); None: any scalar
 
     def coerce(self, value: Any) -> tuple[Any, str]:
         """Return (value, "") or (None, what was wrong)."""
         t = self.type
         if value is None:
             return None, "null"
+        if t == "list":
+            return self._coerce_list(value)
         if t == "bool":
             if not isinstance(value, bool):
                 return None, f"expected true or false, found {describe(value)}"
@@ -58,8 +61,28 @@ class Param:
             return None, f"expected a value matching {self.pattern!r}, found {value!r}"
         return value, ""
 
+    def _coerce_list(self, value: Any) -> tuple[Any, str]:
+        """A list of items of the item type; min, max, choices and pattern apply to each item."""
+        if not isinstance(value, list):
+            return None, f"expected a list of {self.items or 'scalar'} items such as [a, b], found {describe(value)}"
+        item = Param(self.name, self.items or "str", None, self.doc, self.min, self.max, self.choices, self.pattern)
+        out = []
+        for i, v in enumerate(value):
+            if self.items is None:
+                if isinstance(v, dict | list) or v is None:
+                    return None, (f"item {i}: expected a scalar (str, int, float or bool), found {describe(v)}; "
+                                  "a list parameter holds scalars (declare the item type with items: or "
+                                  "type: list[str])")
+                out.append(v)
+                continue
+            coerced, why = item.coerce(v)
+            if why:
+                return None, f"item {i}: {why} (items: {self.items})"
+            out.append(coerced)
+        return out, ""
+
     def bounds(self) -> str:
-        parts = [self.type]
+        parts = [f"list[{self.items}]" if self.type == "list" and self.items else self.type]
         if self.min is not None or self.max is not None:
             parts.append(f"{'' if self.min is None else self.min}..{'' if self.max is None else self.max}")
         if self.choices:
@@ -162,13 +185,20 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     params: dict[str, Param] = {}
     for pname, p in data.get("params", {}).items():
         choices = tuple(p["choices"]) if p.get("choices") is not None else None
-        param = Param(pname, p["type"], None, p["doc"], p.get("min"), p.get("max"), choices, p.get("pattern"))
+        ptype, items = p["type"], p.get("items")
+        if ptype.startswith("list["):  # list[str] is type: list with items: str
+            ptype, items = "list", ptype[5:-1]
+        if items is not None and ptype != "list":
+            out.add(rel, Definition("", rel, {}, raw).line("params", pname, "items"), f"params.{pname}.items",
+                    f"items is the item type of a list; the type is {ptype}", "drop items, or make it type: list")
+            continue
+        param = Param(pname, ptype, None, p["doc"], p.get("min"), p.get("max"), choices, p.get("pattern"), items)
         value, why = param.coerce(p["default"])
         if why:
             out.add(rel, Definition("", rel, {}, raw).line("params", pname, "default"),
                     f"params.{pname}.default", why)
             continue
-        params[pname] = Param(pname, p["type"], value, p["doc"], param.min, param.max, choices, param.pattern)
+        params[pname] = Param(pname, ptype, value, p["doc"], param.min, param.max, choices, param.pattern, items)
     where = Definition("", rel, {}, raw)
     for i, f in enumerate(data.get("files", [])):
         if f.get("source"):

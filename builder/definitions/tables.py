@@ -121,13 +121,16 @@ TEST = Struct({
 }, "a test", one_of=tuple(TEST_KINDS))
 
 PARAM = Struct({
-    "type": Field(Enum(("int", "str", "bool", "float", "list")), "value type", required=True),
+    "type": Field(Enum(("int", "str", "bool", "float", "list", "list[str]", "list[int]", "list[float]",
+                        "list[bool]")), "value type; list[T] is a list whose items have type T", required=True),
+    "items": Field(Enum(("str", "int", "float", "bool")), "item type of a list (type: list); a list without "
+                   "it holds any scalars", default=None),
     "default": Field(AnyValue(), "default value", required=True),
     "doc": Field(g.TEXT, "what the parameter does", required=True),
-    "min": Field(Int(), "smallest allowed value (int, float)", default=None),
-    "max": Field(Int(), "largest allowed value (int, float)", default=None),
-    "choices": Field(ListOf(Scalar()), "allowed values", default=None),
-    "pattern": Field(g.REGEX, "regular expression a str value must match", default=None),
+    "min": Field(Int(), "smallest allowed value (int, float; each item of a list)", default=None),
+    "max": Field(Int(), "largest allowed value (int, float; each item of a list)", default=None),
+    "choices": Field(ListOf(Scalar()), "allowed values (each item of a list)", default=None),
+    "pattern": Field(g.REGEX, "regular expression a str value (or each str item) must match", default=None),
 })
 
 FILE = Struct({
