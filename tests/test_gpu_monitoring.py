@@ -450,6 +450,7 @@ def test_changed_thresholds_change_what_fires(monitoring_tree: Path, tmp_path: P
 @needs_promtool
 @pytest.mark.parametrize(("scenario", "expected"), [
     ("h100-sxm-8gpu", set()),
+    ("h200-sxm-8gpu", set()),
     ("a100-pcie-1gpu", set()),
     ("h100-sxm-8gpu-failing", {("GpuTemperatureHigh", "5"), ("GpuMemoryTemperatureHigh", "5"),
                                ("GpuClocksSlowedDown", "5"), ("GpuXidError", "5"), ("GpuEccUncorrectable", "6"),
