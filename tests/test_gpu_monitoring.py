@@ -434,10 +434,11 @@ def test_changed_thresholds_change_what_fires(monitoring_tree: Path, tmp_path: P
         case(fb("78000x10", "2000x10"), "GpuFramebufferHigh", "8m", True),
         case({g("DCGM_FI_DEV_GPU_TEMP"): "83x10"}, "GpuTemperatureHigh", "8m", True),
         case(busy("45x20", "40000x20"), "GpuUtilisationLow", "15m", True),
-        # a list parameter set on the command line is appended to the default: 13 now pages too
+        # --set replaces the list: only 13 pages now, 79 warns
         case({g("DCGM_FI_DEV_XID_ERRORS"): "13x5"}, "GpuXidCritical", "2m", True, "critical"),
         case({g("DCGM_FI_DEV_XID_ERRORS"): "13x5"}, "GpuXidError", "2m", False),
-        case({g("DCGM_FI_DEV_XID_ERRORS"): "31x5"}, "GpuXidError", "2m", True),
+        case({g("DCGM_FI_DEV_XID_ERRORS"): "79x5"}, "GpuXidError", "2m", True),
+        case({g("DCGM_FI_DEV_XID_ERRORS"): "79x5"}, "GpuXidCritical", "2m", False),
         case({f"nodeforge_gpu_collector_gpus{{{NODE}}}": "7x5", f"nodeforge_gpu_collector_up{{{NODE}}}": "1x5"},
              "GpuMissing", "2m", True, "critical", {"instance": "n1:9100", "job": "gpu"}),
         case({f"nodeforge_gpu_collector_gpus{{{NODE}}}": "8x5", f"nodeforge_gpu_collector_up{{{NODE}}}": "1x5"},
@@ -530,7 +531,8 @@ def test_collector_unit_writes_where_node_exporter_reads(monitoring_tree: Path, 
     ("gpu-monitoring.temp_max_c=500", "expected a value <= 120, found 500"),
     ("gpu-monitoring.util_low_pct=0", "expected a value >= 1, found 0"),
     ("gpu-monitoring.util_low_for=forever", "gpu-monitoring.util_low_for"),
-    ('gpu-monitoring.xid_critical=["seventy-nine"]', "every item must be an Xid number"),
+    ('gpu-monitoring.xid_critical=["seventy-nine"]', "item 0: expected an integer, found string 'seventy-nine'"),
+    ("gpu-monitoring.xid_critical=[79,0]", "item 1: expected a value >= 1, found 0"),
     ("gpu-monitoring.dcgm_exporter_port=9100", "dcgm_exporter_port 9100 is node exporter's port 9100"),
 ])
 def test_a_wrong_threshold_is_rejected_by_the_typed_parameters(monitoring_tree: Path, setting: str,

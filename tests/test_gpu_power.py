@@ -341,7 +341,9 @@ def test_rendered_settings_drive_the_script(power_tree: Path, tmp_path: Path) ->
 @pytest.mark.parametrize(("setting", "expected"), [
     ("gpu-power.power_limit_w=2500", "expected a value <= 2000, found 2500"),
     ("gpu-power.governor_low_util=70", "governor_low_util (70) must be under governor_high_util (60)"),
-    ('gpu-power.power_limit_overrides=["3:lots"]', "every item must be INDEX:WATTS"),
+    ('gpu-power.power_limit_overrides=["3:lots"]', "expected a value matching '[0-9]+:[0-9]+', found '3:lots'"),
+    ('gpu-power.power_limit_overrides=["3:4500"]', "every item must be INDEX:WATTS with WATTS 0..2000"),
+    ('gpu-power.locked_clocks_overrides=["3:1980,1410"]', "MIN,MAX with MIN <= MAX"),
     ("gpu-power.locked_clocks_mhz=1980,1410", "MIN,MAX with MIN <= MAX"),
 ])
 def test_a_wrong_parameter_is_rejected_when_composing(power_tree: Path, setting: str, expected: str) -> None:
