@@ -52,10 +52,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     tree = _tree(args)
     problems: list[Any] = []
     configs = [None, *tree.configs] if not args.config else [args.config]
+    memo: dict[Any, Any] = {}
     for name in tree.images:
         for cfg in configs:
             try:
-                compose(tree, name, cfg, [])
+                compose(tree, name, cfg, [], memo=memo)
             except NodeforgeError as e:
                 problems.extend(p for p in e.problems if p not in problems)
     if problems:

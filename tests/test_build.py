@@ -10,10 +10,11 @@ import sys
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 
 from builder.definitions.load import load_tree
-from builder.pipeline import Builder
+from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,21 +56,22 @@ def tiny_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return t
 
 
-def build(tree: Path, *images: str, jobs: int = 1, **kw: object):  # type: ignore[no-untyped-def]
-    return Builder(load_tree(tree), None, [], Progress(quiet=True), **kw).build(list(images), jobs=jobs)  # type: ignore[arg-type]
+def build(tree: Path, *images: str, jobs: int = 1, locked: bool = False) -> list[BuildResult]:
+    return Builder(load_tree(tree), None, [], Progress(quiet=True), locked=locked).build(list(images), jobs=jobs)
 
 
-def statuses(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def statuses(result: BuildResult) -> dict[str, str]:
     return {s.layer: s.status for s in result.steps}
 
 
-def test_second_build_rebuilds_nothing(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_second_build_rebuilds_nothing(docker_client: docker.DockerClient, tiny_tree: Path) -> None:
     build(tiny_tree, "tiny")
     (again,) = build(tiny_tree, "tiny")
     assert set(statuses(again).values()) == {"cached"}
 
 
-def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client: docker.DockerClient,
+                                                               tiny_tree: Path) -> None:
     (first,) = build(tiny_tree, "tiny")
     changed = f"t2 changed {uuid.uuid4().hex}"  # a content this engine has never built
     (tiny_tree / "layers" / "t2" / "files" / "t2.txt").write_text(changed)
@@ -86,7 +88,7 @@ def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client, ti
         (tiny_tree / "layers" / "t2" / "layer.yaml").write_text(small_layer("t2", "t2"))
 
 
-def test_labels_and_image_dag(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_labels_and_image_dag(docker_client: docker.DockerClient, tiny_tree: Path) -> None:
     parent, child = build(tiny_tree, "tiny-child", jobs=2)
     assert (parent.image, child.image) == ("tiny", "tiny-child")
     labels = docker_client.images.get(child.ref).labels
@@ -100,7 +102,7 @@ def test_labels_and_image_dag(docker_client, tiny_tree: Path) -> None:  # type: 
     assert "CHILD=yes" in env
 
 
-def test_independent_images_build_in_parallel(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_independent_images_build_in_parallel(docker_client: docker.DockerClient, tiny_tree: Path) -> None:
     (tiny_tree / "images" / "tiny-b.yaml").write_text(TINY.format(name="tiny-b"))
     try:
         results = build(tiny_tree, "tiny", "tiny-b", jobs=2)
@@ -111,13 +113,11 @@ def test_independent_images_build_in_parallel(docker_client, tiny_tree: Path) ->
         (tiny_tree / "images" / "tiny-b.yaml").unlink()
 
 
-def test_lock_pins_versions_and_locked_refuses_drift(docker_client, tiny_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_lock_pins_versions_and_locked_refuses_drift(docker_client: docker.DockerClient, tiny_tree: Path) -> None:
     build(tiny_tree, "tiny")
     lock_file = tiny_tree / "images" / "tiny.lock"
     text = lock_file.read_text()
     assert "ca-certificates:" in text
-    apply = (load_tree(tiny_tree).root / "layers").exists()
-    assert apply
     from builder.compose import compose
 
     plan = compose(load_tree(tiny_tree), "tiny")
@@ -137,7 +137,8 @@ def test_lock_pins_versions_and_locked_refuses_drift(docker_client, tiny_tree: P
         lock_file.write_text(text)
 
 
-def test_rendered_context_builds_with_plain_docker(docker_client, tiny_tree: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_rendered_context_builds_with_plain_docker(docker_client: docker.DockerClient, tiny_tree: Path,
+                                                   tmp_path: Path) -> None:
     (result,) = build(tiny_tree, "tiny")
     out = tmp_path / "ctx"
     proc = run_cli(tiny_tree, "render", "tiny", str(out))
@@ -163,7 +164,8 @@ def test_docker_host_is_honoured(tiny_tree: Path) -> None:
     assert "unix:///nonexistent/docker.sock" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_node_minimal_image_is_built_with_oci_labels(built_node_minimal, docker_client) -> None:  # type: ignore[no-untyped-def]
+def test_node_minimal_image_is_built_with_oci_labels(built_node_minimal: BuildResult,
+                                                     docker_client: docker.DockerClient) -> None:
     labels = docker_client.images.get(built_node_minimal.ref).labels
     for key in ("created", "revision", "source", "version", "base.name", "base.digest"):
         assert labels[f"org.opencontainers.image.{key}"]
@@ -180,7 +182,8 @@ def run_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT)
 
 
-def test_diff_between_two_builds(docker_client, tiny_tree: Path, built_node_minimal) -> None:  # type: ignore[no-untyped-def]
+def test_diff_between_two_builds(docker_client: docker.DockerClient, tiny_tree: Path,
+                                 built_node_minimal: BuildResult) -> None:
     build(tiny_tree, "tiny")
     same = subprocess.run([sys.executable, "-m", "builder", "diff", built_node_minimal.ref, built_node_minimal.ref],
                           capture_output=True, text=True, cwd=ROOT)

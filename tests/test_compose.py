@@ -11,8 +11,10 @@ import pytest
 from builder.checks import kargs, sysctl
 from builder.compose import compose
 from builder.compose.params import parse_sets
-from builder.definitions.load import load_tree
+from builder.definitions.load import Tree, load_tree
 from builder.errors import DefinitionError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def image_text(tree: Path) -> str:
@@ -25,7 +27,7 @@ def write(tree: Path, rel: str, text: str) -> None:
     p.write_text(text)
 
 
-def test_default_plan_has_the_corrected_kernel_args(tree) -> None:  # type: ignore[no-untyped-def]
+def test_default_plan_has_the_corrected_kernel_args(tree: Tree) -> None:
     plan = compose(tree, "node-minimal", "default")
     args = plan.cmdline.split()
     assert "iommu=pt" in args and "pci=pcie_bus_perf" in args and "pcie_aspm=off" in args
@@ -50,13 +52,16 @@ def test_precedence_default_config_image_cli(scratch_tree: Path) -> None:
     assert plan2.sysctl["vm.swappiness"].value == "9"
 
 
-def test_lists_append_and_null_resets(scratch_tree: Path) -> None:
+def test_lists_append_replace_and_null_resets(scratch_tree: Path) -> None:
     write(scratch_tree, "configs/site.yaml",
           "name: site\nsummary: s\nparams:\n  kernel-args: {extra: [nosmt]}\n")
     t = load_tree(scratch_tree)
-    plan = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra=[quiet]"]))
+    plan = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra+=[quiet]"]))
     assert plan.params["kernel-args.extra"].value == ["nosmt", "quiet"]
     assert "nosmt" in plan.cmdline.split() and "quiet" in plan.cmdline.split()
+    replaced = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra=[quiet]"]))
+    assert replaced.params["kernel-args.extra"].value == ["quiet"]
+    assert "nosmt" not in replaced.cmdline.split()
     reset = compose(t, "node-minimal", "site", parse_sets(["kernel-args.extra=null"]))
     assert reset.params["kernel-args.extra"].value == []
     assert "nosmt" not in reset.cmdline.split()
@@ -104,12 +109,14 @@ def test_required_layer_is_pulled_in_and_ordered_first(scratch_tree: Path) -> No
     assert "base" in order and order.index("base") < order.index("monitoring")
 
 
-def test_plan_is_frozen_and_json_round_trips(tree) -> None:  # type: ignore[no-untyped-def]
+def test_plan_is_frozen_and_json_round_trips(tree: Tree) -> None:
     plan = compose(tree, "node-minimal", "default")
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.image = "x"  # type: ignore[misc]
-    data = json.loads(json.dumps(plan.to_json(), default=str))
+    text = json.dumps(plan.to_json())  # no default=: every value of the plan is JSON as it is
+    data = json.loads(text)
     assert data["key"] == plan.key and [s["layer"] for s in data["steps"]] == [s.layer for s in plan.steps]
+    assert json.dumps(json.loads(text)) == text
 
 
 def test_keys_are_stable_and_change_only_from_the_changed_layer_on(scratch_tree: Path) -> None:
@@ -122,7 +129,7 @@ def test_keys_are_stable_and_change_only_from_the_changed_layer_on(scratch_tree:
     assert all(x.key != y.key for x, y in zip(a.steps[i:], c.steps[i:], strict=True))
 
 
-def test_explain_names_the_source_of_every_value(tree, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_explain_names_the_source_of_every_value(tree: Tree, capsys: pytest.CaptureFixture[str]) -> None:
     from builder.cli import main
 
     assert main(["plan", "images/node-minimal.yaml", "-c", "default", "--explain",
@@ -163,18 +170,30 @@ def test_sysctl_key_shape(key: str, ok: bool) -> None:
     assert (sysctl.check_key(key) is None) is ok
 
 
-def test_the_project_tree_validates(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_the_project_tree_validates(capsys: pytest.CaptureFixture[str]) -> None:
     from builder.cli import main
 
     assert main(["validate"]) == 0
     assert capsys.readouterr().out.startswith("ok: ")
 
 
-def test_schema_reference_lists_every_layer_key(capsys) -> None:  # type: ignore[no-untyped-def]
-    from builder.cli import main
-    from builder.definitions.tables import LAYER
+def test_every_schema_key_has_a_doc_and_the_readme_example_uses_schema_keys() -> None:
+    import re
 
-    assert main(["schema", "layer"]) == 0
-    out = capsys.readouterr().out
-    for key in LAYER.fields:
-        assert f"  {key} " in out
+    from builder.definitions.spec import ListOf, MapOf, Spec, Struct
+    from builder.definitions.tables import CONFIG, IMAGE, LAYER
+
+    def walk(spec: Spec, path: str) -> list[str]:
+        if isinstance(spec, Struct):
+            missing = [f"{path}.{k}" for k, f in spec.fields.items() if not f.doc.strip()]
+            return missing + [m for k, f in spec.fields.items() for m in walk(f.spec, f"{path}.{k}")]
+        if isinstance(spec, ListOf | MapOf):
+            inner = getattr(spec, "item", None) or getattr(spec, "value", None)
+            return walk(inner, path) if isinstance(inner, Spec) else []
+        return []
+
+    assert walk(LAYER, "layer") + walk(IMAGE, "image") + walk(CONFIG, "config") == []
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("### A layer")[1].split("```yaml")[1].split("```")[0]
+    keys = re.findall(r"^([a-z-]+):", example, re.M)
+    assert keys and set(keys) <= set(LAYER.fields), set(keys) - set(LAYER.fields)

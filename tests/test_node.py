@@ -9,23 +9,32 @@ import json
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder.node import assemble
+from builder.node.assemble import NodeArtifacts
+from builder.pipeline import BuildResult
 from builder.progress import Progress
 from builder.verify import boot
 
 BOOT_LAYERS = {"kernel", "sysctl", "kernel-args", "monitoring"}
 
 
-def _sfdisk(disk: Path) -> dict:  # type: ignore[type-arg]
+def node_of(result: BuildResult) -> NodeArtifacts:
+    assert result.node is not None, f"{result.image} is not a node image"
+    return result.node
+
+
+def _sfdisk(disk: Path) -> dict[str, Any]:
     out = subprocess.run(["sfdisk", "-J", str(disk)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["partitiontable"]  # type: ignore[no-any-return]
+    table: dict[str, Any] = json.loads(out)["partitiontable"]
+    return table
 
 
-def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_node_minimal) -> None:  # type: ignore[no-untyped-def]
-    art = built_node_minimal.node
+def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_node_minimal: BuildResult) -> None:
+    art = node_of(built_node_minimal)
     assert art is not None
     assert set(art.files) == {"raw", "qcow2", "kernel", "initrd", "rootfs", "ipxe"}
     for role in art.files:
@@ -50,8 +59,8 @@ def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_node_minimal) ->
     assert f"nodeforge.root_sha256={sums['rootfs.tar.gz']}" in ipxe
 
 
-def test_disk_holds_boot_loaders_and_a_clean_root(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_node_minimal.node
+def test_disk_holds_boot_loaders_and_a_clean_root(built_node_minimal: BuildResult, tmp_path: Path) -> None:
+    art = node_of(built_node_minimal)
     raw = art.path("raw")
     with raw.open("rb") as f:
         mbr = f.read(512)
@@ -76,7 +85,7 @@ def test_disk_holds_boot_loaders_and_a_clean_root(built_node_minimal, tmp_path: 
     assert label == art.root_label
 
 
-def test_unchanged_node_image_is_not_reassembled(built_node_minimal) -> None:  # type: ignore[no-untyped-def]
+def test_unchanged_node_image_is_not_reassembled(built_node_minimal: BuildResult) -> None:
     from builder.definitions.load import load_tree
     from builder.pipeline import Builder
 
@@ -89,29 +98,31 @@ def test_unchanged_node_image_is_not_reassembled(built_node_minimal) -> None:  #
         def flush(self) -> None:
             pass
 
-    before = Path(built_node_minimal.node.path("raw")).stat().st_mtime_ns
-    builder = Builder(load_tree(Path(built_node_minimal.node.dir).parents[2]), "default", [], Progress(Capture()))
+    before = Path(node_of(built_node_minimal).path("raw")).stat().st_mtime_ns
+    builder = Builder(load_tree(Path(node_of(built_node_minimal).dir).parents[2]), "default", [], Progress(Capture()))
     (again,) = builder.build(["node-minimal"])
-    assert again.node.cached and again.node.key == built_node_minimal.node.key
+    assert node_of(again).cached and node_of(again).key == node_of(built_node_minimal).key
     assert any("assemble" in x and "cached" in x for x in lines)
-    assert again.node.path("raw").stat().st_mtime_ns == before
+    assert node_of(again).path("raw").stat().st_mtime_ns == before
 
 
 @pytest.fixture(scope="module")
-def boot_report(built_node_minimal, tmp_path_factory):  # type: ignore[no-untyped-def]
+def boot_report(built_node_minimal: BuildResult,
+                tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     """nodeforge test --boot on node-minimal: all three modes, one report."""
     from builder.definitions.load import load_tree
     from builder.verify.run import run_tests
 
     report = tmp_path_factory.mktemp("boot-report")
-    tree = load_tree(Path(built_node_minimal.node.dir).parents[2])
+    tree = load_tree(Path(node_of(built_node_minimal).dir).parents[2])
     rc = run_tests(built_node_minimal.plan, report, boot=True, tree=tree, boot_modes=boot.MODES)
     data = json.loads((report / "node-minimal.json").read_text())
     return rc, data, report
 
 
 @pytest.mark.parametrize("mode", boot.MODES)
-def test_node_minimal_boots_and_every_boot_check_passes(boot_report, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_node_minimal_boots_and_every_boot_check_passes(boot_report: tuple[int, dict[str, Any], Path],
+                                                        mode: str) -> None:
     _rc, data, _ = boot_report
     mine = [r for r in data["results"] if (r["scope"] == "boot" and r["name"].endswith(f"[{mode}]"))
             or (r["kind"] == "verdict" and r["name"].endswith(f"({mode})"))]
@@ -125,15 +136,15 @@ def test_node_minimal_boots_and_every_boot_check_passes(boot_report, mode: str) 
     assert {"cmdline", "sysctl", "module", "service", "command"} <= kinds
 
 
-def test_boot_results_are_in_the_junit_report(boot_report) -> None:  # type: ignore[no-untyped-def]
+def test_boot_results_are_in_the_junit_report(boot_report: tuple[int, dict[str, Any], Path]) -> None:
     rc, data, report = boot_report
     assert rc == 0, [r for r in data["results"] if r["status"] == "failed"]
     junit = (report / "node-minimal.junit.xml").read_text()
     assert 'name="node-minimal.boot"' in junit and "boots to a verdict (uefi)" in junit
 
 
-def test_wrong_root_is_reported_as_root_not_found(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_node_minimal.node
+def test_wrong_root_is_reported_as_root_not_found(built_node_minimal: BuildResult, tmp_path: Path) -> None:
+    art = node_of(built_node_minimal)
     wrong = art.cmdline.replace(f"root=LABEL={art.root_label}", "root=LABEL=no-such-root")
     assert wrong != art.cmdline
     o = boot.boot(art, "direct", tmp_path / "wrong-root.log", tests=[], cmdline=wrong)
@@ -174,7 +185,7 @@ BROKEN_IMAGE = textwrap.dedent("""\
     """)
 
 
-def test_failing_unit_fails_the_boot_with_its_name(built_node_minimal, scratch_tree: Path) -> None:  # type: ignore[no-untyped-def]
+def test_failing_unit_fails_the_boot_with_its_name(built_node_minimal: BuildResult, scratch_tree: Path) -> None:
     from builder.compose import compose
     from builder.definitions.load import load_tree
     from builder.pipeline import Builder
@@ -184,7 +195,7 @@ def test_failing_unit_fails_the_boot_with_its_name(built_node_minimal, scratch_t
     (scratch_tree / "images" / "broken-node.yaml").write_text(BROKEN_IMAGE)
     tree = load_tree(scratch_tree)
     results = Builder(tree, "default", [], Progress()).build(["broken-node"])
-    art = results[-1].node
+    art = node_of(results[-1])
     assert art is not None and set(art.files) >= {"qcow2", "kernel", "initrd"} and "raw" not in art.files
     plan = compose(tree, "broken-node", "default")
     tests = [t for t in plan.tests if t.scope == "boot" and t.layer == "sysctl"]
@@ -195,12 +206,12 @@ def test_failing_unit_fails_the_boot_with_its_name(built_node_minimal, scratch_t
     assert len(o.report.probes) == len(tests), "the checks still report on a degraded boot"
 
 
-def test_netboot_artifacts_boot_with_the_root_in_ram(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_netboot_artifacts_boot_with_the_root_in_ram(built_node_minimal: BuildResult, tmp_path: Path) -> None:
     """The kernel, initrd and root archive boot as boot.ipxe boots them: the root archive is
     fetched over HTTP into RAM, and the layers' boot checks pass there too."""
     from builder.plan import Test
 
-    art = built_node_minimal.node
+    art = node_of(built_node_minimal)
     tests = [t for t in built_node_minimal.plan.tests if t.scope == "boot" and t.layer in ("sysctl", "kernel-args")]
     in_ram = Test("the root is in RAM", "netboot", "boot", "command",
                   {"run": "findmnt -n -o FSTYPE /", "exit": 0, "timeout": 30, "stdout": {"contains": ["tmpfs"]}},
@@ -212,8 +223,9 @@ def test_netboot_artifacts_boot_with_the_root_in_ram(built_node_minimal, tmp_pat
         assert boot.guest.judge(t, *o.report.probes[i]) == "", t.name
 
 
-def test_netboot_refuses_a_root_archive_with_the_wrong_sha256(built_node_minimal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    art = built_node_minimal.node
+def test_netboot_refuses_a_root_archive_with_the_wrong_sha256(built_node_minimal: BuildResult,
+                                                              tmp_path: Path) -> None:
+    art = node_of(built_node_minimal)
     good = art.sha256["rootfs.tar.gz"]
     bad = ("0" if good[0] != "0" else "1") + good[1:]
     o = boot.boot(art, "netboot", tmp_path / "bad-sum.log", tests=[], root_sha256=bad)

@@ -26,6 +26,7 @@ EPOCH_CHECK = check("image/source-date-epoch", "compose",
 PARENT_CHECK = check("image/parent", "compose",
                      "an image built on another image names an existing image of the same kind, without a cycle",
                      "fix from.image")
+Memo = dict[tuple[str, str | None, str], BuildPlan]
 DEFAULT_SITE = {"gpu": {"model": "none", "count": 0, "memory-mib": 0}, "fabric": "none",
                 "power-limit-watts": 0, "registry": None}
 
@@ -46,7 +47,7 @@ def _base(image: Image, out: Collector, parent: BuildPlan | None) -> Base:
 
 
 def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[str, str, Any]] | None,
-                 stack: tuple[str, ...], out: Collector) -> BuildPlan | None:
+                 stack: tuple[str, ...], out: Collector, memo: Memo | None) -> BuildPlan | None:
     if "image" not in image.data["from"]:
         return None
     pname = image.data["from"]["image"]
@@ -58,7 +59,7 @@ def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: list[tu
     if pname not in tree.images:
         PARENT_CHECK.report(out, *where, f"no image named {pname!r}", "images: " + ", ".join(sorted(tree.images)))
         out.raise_if_any()
-    parent = compose(tree, pname, config_ref, sets, (*stack, image.name))
+    parent = compose(tree, pname, config_ref, sets, (*stack, image.name), memo)
     if tree.images[pname].data["kind"] != image.data["kind"]:
         PARENT_CHECK.report(out, image.file, image.line("kind"), "kind",
                             f"expected kind {tree.images[pname].data['kind']!r} like parent image {pname!r}, "
@@ -144,9 +145,24 @@ def _layers(tree: Tree, image: Image, config: Config | None, parent: BuildPlan |
 
 
 def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
-            sets: list[tuple[str, str, Any]] | None = None, _stack: tuple[str, ...] = ()) -> BuildPlan:
-    image, config, out = tree.image(image_ref), tree.config(config_ref), Collector()
-    parent = _parent_plan(tree, image, config_ref, sets, _stack, out)
+            sets: list[tuple[str, str, Any]] | None = None, _stack: tuple[str, ...] = (),
+            memo: Memo | None = None) -> BuildPlan:
+    """The plan of one image with one config. memo: plans already composed with the same tree,
+    config and sets (validate composes every image, and every image composes its parents)."""
+    image = tree.image(image_ref)
+    key = (image.name, config_ref, repr(sets or []))
+    if memo is not None and key in memo:
+        return memo[key]
+    plan = _compose(tree, image, config_ref, sets, _stack, memo)
+    if memo is not None:
+        memo[key] = plan
+    return plan
+
+
+def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[str, str, Any]] | None,
+             _stack: tuple[str, ...], memo: Memo | None) -> BuildPlan:
+    config, out = tree.config(config_ref), Collector()
+    parent = _parent_plan(tree, image, config_ref, sets, _stack, out, memo)
     base = _base(image, out, parent)
     inherited, order, settings = _layers(tree, image, config, parent, out, sets or [])
     merged = Merged(out)

@@ -3,6 +3,7 @@ as values are added) and one layer's scope (its templates, context, files and re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,22 @@ class Merged:
                              f"conflict: {old.source} sets {name} = {old.value!r}, {source} sets {name} = {arg!r}")
 
 
+_ENVIRONMENTS: dict[Path, jinja2.Environment] = {}
+
+
+def layer_environment(files_dir: Path) -> jinja2.Environment:
+    """One template environment per layer directory for the whole process, its string templates
+    compiled once: validate composes every image, and most images share most layers."""
+    env = _ENVIRONMENTS.get(files_dir)
+    if env is None:
+        env = environment(files_dir)
+        env.from_string = functools.lru_cache(maxsize=4096)(env.from_string)  # type: ignore[method-assign,assignment]
+        env.compile_expression = functools.lru_cache(maxsize=4096)(  # type: ignore[method-assign]
+            env.compile_expression)
+        _ENVIRONMENTS[files_dir] = env
+    return env
+
+
 def _mode(m: str) -> str:
     return m if len(m) == 4 else "0" + m
 
@@ -97,7 +114,7 @@ class LayerScope:
     carry: dict[str, Any] = field(default_factory=dict)  # what one handler leaves for a later one
 
     def __post_init__(self) -> None:
-        self.env = environment(self.layer.dir / "files")
+        self.env = layer_environment(self.layer.dir / "files")
 
     @property
     def out(self) -> Collector:
