@@ -250,17 +250,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nodeforge", description="Build, verify and publish GPU node images and "
-                                "CUDA container base images from layered definitions.")
-    p.add_argument("--root", default=None, help="project tree (default: from the image path, else .)")
-    sub = p.add_subparsers(dest="command", required=True)
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--config", "-c", default=None, help="configs/<name>.yaml (name or path)")
+    sp.add_argument("--set", "-s", action="append", metavar="LAYER.PARAM=VALUE",
+                    help="override a parameter (highest precedence); repeatable")
 
-    def common(sp: argparse.ArgumentParser, image: bool = True) -> None:
-        sp.add_argument("--config", "-c", default=None, help="configs/<name>.yaml (name or path)")
-        sp.add_argument("--set", "-s", action="append", metavar="LAYER.PARAM=VALUE",
-                        help="override a parameter (highest precedence); repeatable")
 
+def _definition_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("validate", help="check every layer, image and config")
     sp.add_argument("--config", "-c", default=None)
     sp.add_argument("--list-checks", action="store_true",
@@ -269,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("plan", help="show what an image will contain")
     sp.add_argument("image")
-    common(sp)
+    _common(sp)
     sp.add_argument("--explain", action="store_true", help="say which layer, config or flag set every value")
     sp.add_argument("--json", action="store_true", help="print the frozen build plan as JSON")
     sp.set_defaults(func=cmd_plan)
@@ -277,12 +273,18 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("render", help="write a build context (Dockerfile and files) to DIR")
     sp.add_argument("image")
     sp.add_argument("dir")
-    common(sp)
+    _common(sp)
     sp.set_defaults(func=cmd_render)
 
+    sp = sub.add_parser("schema", help="print the reference of every definition key")
+    sp.add_argument("kind", nargs="?", choices=["layer", "image", "config"])
+    sp.set_defaults(func=cmd_schema)
+
+
+def _build_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("build", help="build images (and the images they build on)")
     sp.add_argument("images", nargs="+")
-    common(sp)
+    _common(sp)
     sp.add_argument("-j", "--jobs", type=int, default=1, help="independent images built at once")
     sp.add_argument("--locked", action="store_true", help="fail if package resolution would change the lock")
     sp.add_argument("-q", "--quiet", action="store_true")
@@ -290,13 +292,13 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("lock", help="resolve every package to an exact version into images/<name>.lock")
     sp.add_argument("image")
-    common(sp)
+    _common(sp)
     sp.add_argument("--check", action="store_true", help="exit 1 with a diff if the lock is not current")
     sp.set_defaults(func=cmd_lock)
 
     sp = sub.add_parser("test", help="run an image's tests; JUnit XML and JSON reports")
     sp.add_argument("image")
-    common(sp)
+    _common(sp)
     sp.add_argument("--report", default="build/reports", help="directory for the reports")
     sp.add_argument("--boot", action="store_true", help="also boot node images and run boot-scope tests")
     sp.add_argument("--boot-modes", default=None, metavar="MODES",
@@ -306,22 +308,25 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("boot", help="boot a node image's disk with the serial console on this terminal")
     sp.add_argument("image")
-    common(sp)
+    _common(sp)
     sp.add_argument("--mode", choices=["direct", "uefi", "bios"], default="uefi", help="how the disk boots")
     sp.add_argument("--append", default="", help="extra kernel arguments (direct mode)")
     sp.set_defaults(func=cmd_boot)
 
+
+
+def _publish_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("export", help="write the image's build for another builder")
     ex = sp.add_subparsers(dest="format", required=True)
     pk = ex.add_parser("packer", help="a Packer template (qemu builder) reproducing the node build")
     pk.add_argument("image")
     pk.add_argument("dir")
-    common(pk)
+    _common(pk)
     pk.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("push", help="push every tag of built images to an OCI registry; prints digests")
     sp.add_argument("images", nargs="+")
-    common(sp)
+    _common(sp)
     sp.add_argument("--registry", "-r", default=None, help="HOST[:PORT][/PATH] (default: the config's site.registry)")
     sp.set_defaults(func=cmd_push)
 
@@ -332,9 +337,16 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--all", action="store_true", help="list every changed file")
     sp.set_defaults(func=cmd_diff)
 
-    sp = sub.add_parser("schema", help="print the reference of every definition key")
-    sp.add_argument("kind", nargs="?", choices=["layer", "image", "config"])
-    sp.set_defaults(func=cmd_schema)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodeforge", description="Build, verify and publish GPU node images and "
+                                "CUDA container base images from layered definitions.")
+    p.add_argument("--root", default=None, help="project tree (default: from the image path, else .)")
+    sub = p.add_subparsers(dest="command", required=True)
+    _definition_commands(sub)
+    _build_commands(sub)
+    _publish_commands(sub)
     return p
 
 

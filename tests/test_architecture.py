@@ -153,6 +153,41 @@ def test_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
 
 
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 400
+
+
+def oversized(package: Path) -> list[str]:
+    """Every function over MAX_FUNCTION_LINES lines (a nested one counts on its own) and every
+    module over MAX_MODULE_LINES lines."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        rel = path.relative_to(package)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{rel}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_function_over_80_lines_and_no_module_over_400() -> None:
+    assert oversized(PACKAGE) == []
+
+
+def test_size_check_fires_on_a_long_function_and_a_long_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "synth"
+    pkg.mkdir()
+    (pkg / "ok.py").write_text("def f() -> int:\n" + "    x = 1\n" * 78 + "    return x\n")
+    assert oversized(pkg) == []
+    (pkg / "long.py").write_text("def g() -> int:\n" + "    x = 1\n" * 79 + "    return x\n")
+    (pkg / "big.py").write_text("x = 1\n" * 401)
+    assert oversized(pkg) == ["big.py: 401 lines", "long.py:1 g: 81 lines"]
+
+
 # --- the checker itself, on a small synthetic package ---------------------------------------------
 
 SYNTH_RANKS = [{"top"}, {"middle", "side"}, {"low"}]

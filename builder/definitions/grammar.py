@@ -10,7 +10,8 @@ every value for their language anyway (builder.quoting): validation is not the o
 
 from __future__ import annotations
 
-from .spec import ImagePath, Mode, Regex, RelPath, Str
+from .spec import Str
+from .strings import ImagePath, Mode, Regex, RelPath
 
 # one line of free text: summaries, test and step names, messages (no control characters)
 LINE = Str(what="a single line of text")

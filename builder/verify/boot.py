@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 
 from ..definitions.load import Tree
 from ..errors import EnvironmentProblem
@@ -142,9 +143,107 @@ class BootOutcome:
             text = self.log.read_text(errors="replace")
         except OSError:
             return ""
-        clean = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "")
+        clean = strip_ansi(text).replace("\r", "")
         kept = [x[:300] for x in clean.splitlines() if x.strip() and guest.MARKER not in x]
         return "\n".join(kept[-lines:])
+
+
+def strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+@dataclass
+class ConsoleWatcher:
+    """Reads the console line by line: the guest's report, the first fatal line, the noted ones."""
+
+    report: guest.GuestReport = field(default_factory=guest.GuestReport)
+    fatal: str = ""
+    noted: list[str] = field(default_factory=list)
+
+    def scan(self, line: str) -> None:
+        self.report.feed(line)
+        if self.fatal or guest.MARKER in line:
+            return
+        clean = strip_ansi(line).strip()
+        for pattern, what in FATAL:
+            m = pattern.search(clean)
+            if m:
+                self.fatal = f"{what}: {m.group(0).strip()[:200]}"
+                break
+        for pattern in NOTED:
+            m = pattern.search(clean)
+            if m and m.group(0) not in self.noted:
+                self.noted.append(m.group(0).strip()[:200])
+
+
+class _Console:
+    """qemu's serial console, read in a thread: into the log file and into lines."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], logf: BinaryIO) -> None:
+        self.proc, self.logf = proc, logf
+        self.lines: list[str] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        buf = b""
+        while chunk := self.proc.stdout.read1(65536):  # type: ignore[attr-defined]
+            self.logf.write(chunk)
+            self.logf.flush()
+            buf += chunk
+            *complete, buf = re.split(rb"\r?\n", buf)
+            self.lines.extend(x.decode(errors="replace") for x in complete)
+            if len(buf) > 1 << 20:
+                self.lines.append(buf.decode(errors="replace"))
+                buf = b""
+        if buf:
+            self.lines.append(buf.decode(errors="replace"))
+        self.done.set()
+
+
+def _watch(console: _Console, watcher: ConsoleWatcher, budget: float) -> str:
+    """Follow the console until a verdict: '' when the guest finished or qemu ended, else why not."""
+    start, seen = time.monotonic(), 0
+    while True:
+        finished = console.done.wait(0.25)
+        while seen < len(console.lines):
+            watcher.scan(console.lines[seen])
+            seen += 1
+        elapsed = time.monotonic() - start
+        if watcher.fatal:
+            return watcher.fatal
+        if finished:
+            return ""
+        if watcher.report.ended and console.proc.poll() is None:
+            try:  # the guest powers off after END; give it a moment, then stop it ourselves
+                console.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            return ""
+        if not console.lines and elapsed > SILENCE:
+            return f"no console output within {SILENCE}s: the firmware or boot loader is stuck before the kernel"
+        if elapsed > budget:
+            return f"timed out: no verdict within {budget:.0f}s"
+
+
+def _netboot(art: NodeArtifacts, cmdline: str | None, root_sha256: str | None) -> tuple[ThreadingHTTPServer, str, int]:
+    """Serve the netboot artifacts; (server, command line, memory in MiB: the root lives in RAM)."""
+    if not art.has("rootfs"):
+        raise EnvironmentProblem(f"{art.image} has no netboot artifacts; add netboot to outputs.formats")
+    server = serve(Path(art.dir))
+    url = f"http://10.0.2.2:{server.server_address[1]}/{art.files['rootfs']}"  # the host, seen from qemu
+    return server, cmdline or netboot_cmdline(art, url, root_sha256), 1024 + 2 * art.root_mib
+
+
+def _stop(proc: subprocess.Popen[bytes], console: _Console, server: ThreadingHTTPServer | None) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    console.done.wait(5)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = None, cmdline: str | None = None,
@@ -155,100 +254,31 @@ def boot(art: NodeArtifacts, mode: str, log: Path, tests: list[Test] | None = No
     accel = detect_accel(art.path("kernel"))
     budget = budget or (BUDGET_KVM if accel == "kvm" else BUDGET_TCG)
     log.parent.mkdir(parents=True, exist_ok=True)
-    report = guest.GuestReport()
-    noted: list[str] = []
+    watcher = ConsoleWatcher()
     with tempfile.TemporaryDirectory(prefix="nodeforge-boot-") as tmp:
         work = Path(tmp)
         checks = None
         if tests is not None:
             checks = work / "checks.tar"
             checks.write_bytes(guest.checks_archive(tests, art.image, art.key))
-        server = None
-        memory = 1024
+        server, memory = None, 1024
         if mode == "netboot":
-            if not art.has("rootfs"):
-                raise EnvironmentProblem(f"{art.image} has no netboot artifacts; add netboot to outputs.formats")
-            server = serve(Path(art.dir))
-            url = f"http://10.0.2.2:{server.server_address[1]}/{art.files['rootfs']}"  # the host, seen from qemu
-            cmdline = cmdline or netboot_cmdline(art, url, root_sha256)
-            memory = 1024 + 2 * art.root_mib  # the root lives in RAM
+            server, cmdline, memory = _netboot(art, cmdline, root_sha256)
         cmd = qemu_command(art, mode, accel, work, checks, cmdline, memory=memory)
         start = time.monotonic()
-        fatal = ""
         with log.open("wb") as logf:
             logf.write(("# " + " ".join(cmd) + "\n").encode())
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            lines: list[str] = []
-            done = threading.Event()
-
-            def reader() -> None:
-                assert proc.stdout
-                buf = b""
-                while chunk := proc.stdout.read1(65536):  # type: ignore[attr-defined]
-                    logf.write(chunk)
-                    logf.flush()
-                    buf += chunk
-                    *complete, buf = re.split(rb"\r?\n", buf)
-                    lines.extend(x.decode(errors="replace") for x in complete)
-                    if len(buf) > 1 << 20:
-                        lines.append(buf.decode(errors="replace"))
-                        buf = b""
-                if buf:
-                    lines.append(buf.decode(errors="replace"))
-                done.set()
-
-            threading.Thread(target=reader, daemon=True).start()
-            seen = 0
-            reason = ""
-            while True:
-                finished = done.wait(0.25)
-                while seen < len(lines):
-                    line = lines[seen]
-                    seen += 1
-                    report.feed(line)
-                    clean = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).strip()
-                    if not fatal and guest.MARKER not in line:
-                        for pattern, what in FATAL:
-                            m = pattern.search(clean)
-                            if m:
-                                fatal = f"{what}: {m.group(0).strip()[:200]}"
-                                break
-                        for pattern in NOTED:
-                            m = pattern.search(clean)
-                            if m and m.group(0) not in noted:
-                                noted.append(m.group(0).strip()[:200])
-                elapsed = time.monotonic() - start
-                if fatal:
-                    reason = fatal
-                    break
-                if finished:
-                    break
-                if report.ended and elapsed > 0 and proc.poll() is None:
-                    # the guest powers off after END; give it a moment, then stop it ourselves
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        pass
-                    break
-                if not lines and elapsed > SILENCE:
-                    reason = (f"no console output within {SILENCE}s: the firmware or boot loader is stuck before "
-                              "the kernel")
-                    break
-                if elapsed > budget:
-                    reason = f"timed out: no verdict within {budget:.0f}s"
-                    break
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            done.wait(5)
-            if server is not None:
-                server.shutdown()
-                server.server_close()
+            console = _Console(proc, logf)
+            try:
+                reason = _watch(console, watcher, budget)
+            finally:
+                _stop(proc, console, server)
             seconds = time.monotonic() - start
-    if not reason and proc.returncode not in (0, None) and not report.ended:
-        last = [x for x in lines if x.strip()][-1:] or ["(no output)"]
+    if not reason and proc.returncode not in (0, None) and not watcher.report.ended:
+        last = [x for x in console.lines if x.strip()][-1:] or ["(no output)"]
         reason = f"qemu exited with status {proc.returncode}: {last[0].strip()[:200]}"
-    outcome = BootOutcome(mode, accel, "failed", reason, seconds, log, report, noted)
+    outcome = BootOutcome(mode, accel, "failed", reason, seconds, log, watcher.report, watcher.noted)
     if not reason:
         outcome.reason = _judge(outcome, tests)
     outcome.verdict = "failed" if outcome.reason else "passed"
