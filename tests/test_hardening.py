@@ -77,10 +77,24 @@ def test_sandbox_keeps_the_filters_the_layers_use() -> None:
     assert value is None and "No filter named 'upper'" in problems
 
 
+SLOW = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}"
+
+
 def test_template_time_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tpl, "MAX_SECONDS", 0.2)
-    value, problems = render_text("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}")
+    value, problems = render_text(SLOW)
     assert value is None and "ran longer than 0.2 s" in problems
+    assert render_text("{{ 1 + 1 }}") == ("2", "")  # the timer is off again
+
+
+def test_template_time_bound_in_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel builds compose in threads, where no signal reaches: a line trace bounds them."""
+    monkeypatch.setattr(tpl, "MAX_SECONDS", 0.2)
+    results: list[tuple[str | None, str]] = []
+    worker = threading.Thread(target=lambda: results.append(render_text(SLOW)))
+    worker.start()
+    worker.join()
+    assert results[0][0] is None and "ran longer than 0.2 s" in results[0][1]
 
 
 def test_template_size_bounds() -> None:

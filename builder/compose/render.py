@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import operator
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ _WHOLE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 
 MAX_TEMPLATE_CHARS = 256 * 1024  # one template's text: inline strings and files under files/
 MAX_OUTPUT_CHARS = 4 * 1024 * 1024  # what one template may produce
-MAX_SECONDS = 5.0  # wall-clock budget of one template, checked on every line the template executes
+MAX_SECONDS = 5.0  # wall-clock budget of one template (a timer in the main thread, a line trace in others)
 MAX_SEQUENCE = 1 << 20  # a string or list built by `*` or `+`
 MAX_POWER_BITS = 4096  # the size of a number built by `**`
 
@@ -111,35 +113,54 @@ def environment(files_dir: Path) -> jinja2.Environment:
 
 
 class _Deadline:
-    """Raises TemplateBound inside a template's own code once its time is up. A trace function
-    sees every line the compiled template runs (loops, macros, recursion), in this thread only;
-    under a debugger or a coverage tracer the other bounds still hold."""
+    """Raises TemplateBound inside a template's own code once its time is up. In the main thread
+    a real-time timer (SIGALRM) interrupts it, costing nothing while it runs; in other threads
+    (parallel builds) a trace function sees every line the compiled template runs (loops, macros,
+    recursion). Under a debugger or a coverage tracer there, the other bounds still hold."""
 
     def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
+        self.seconds = seconds
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.mode = ""
         self.previous: Any = None
-        self.active = False
+        self.previous_timer: tuple[float, float] = (0.0, 0.0)
+
+    def _expired(self) -> TemplateBound:
+        return TemplateBound(f"the template ran longer than {self.seconds:g} s")
+
+    def _alarm(self, signum: int, frame: FrameType | None) -> None:
+        raise self._expired()
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if time.monotonic() > self.end:
-            raise TemplateBound(f"the template ran longer than {MAX_SECONDS:g} s")
+            raise self._expired()
         return self._local
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "call" and frame.f_code.co_filename.startswith(("<template>", "/")) \
-                and frame.f_globals.get("environment") is not None:
+        if event == "call" and frame.f_globals.get("environment") is not None \
+                and frame.f_code.co_filename.startswith(("<template>", "/")):
             return self._local(frame, event, arg)
         return None
 
     def __enter__(self) -> _Deadline:
-        self.previous = sys.gettrace()
-        if self.previous is None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGALRM, self._alarm)
+            self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self.mode = "signal"
+        elif sys.gettrace() is None:
             sys.settrace(self._global)
-            self.active = True
+            self.mode = "trace"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.active:
+        if self.mode == "signal":
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+            delay, interval = self.previous_timer
+            if delay > 0:  # an outer timer (an alarm of the caller) keeps running, less the time spent here
+                signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - self.start), 0.001), interval)
+        elif self.mode == "trace":
             sys.settrace(None)
 
 
