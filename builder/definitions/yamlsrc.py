@@ -54,8 +54,8 @@ def _check_depth(text: str, loader_cls: type[yaml.SafeLoader]) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise _Refused(event.start_mark.line + 1 if event.start_mark else None, "", f"nested deeper than {MAX_DEPTH} levels",
-                               "flatten the structure")
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise _Refused(line, "", f"nested deeper than {MAX_DEPTH} levels", "flatten the structure")
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
