@@ -49,7 +49,7 @@ def _package_lines(s: LayerScope) -> list[str]:
     if c["wheels"] and (c["locked_wheels"] or s.data["packages"]["pip"]):
         lines += wheel_lines(c["locked_wheels"], c["wheel_target"], c["build_only"])
     if c["holds"]:
-        lines += ["apt-mark hold " + " ".join(c["holds"])]
+        lines += [shlex.join(["apt-mark", "hold", *c["holds"]])]
     if packages:
         lines += ["apt-get clean", "rm -rf /var/lib/apt/lists/*"]
     return lines
@@ -65,7 +65,7 @@ def _user_lines(users: list[dict[str, Any]], files: list[ContextFile]) -> list[s
             opts.append("--system")
         if u.get("groups"):
             opts += ["--groups", ",".join(u["groups"])]
-        lines.append(f"id -u {u['name']} >/dev/null 2>&1 || useradd {' '.join(opts)} {u['name']}")
+        lines.append(f"id -u {shlex.quote(u['name'])} >/dev/null 2>&1 || {shlex.join(['useradd', *opts, u['name']])}")
     for f in files:
         if (f.owner, f.group) != ("root", "root"):
             lines.append(f"chown {shlex.quote(f.owner)}:{shlex.quote(f.group)} {shlex.quote(f.path)}")
