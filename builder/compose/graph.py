@@ -28,7 +28,6 @@ CYCLE = check("layer/cycle", "compose", "layer requirements form no cycle",
 @dataclass(frozen=True)
 class Resolved:
     order: tuple[str, ...]
-    pulled_in: dict[str, str]  # layer -> the layer that required it
 
 
 def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector,
@@ -49,10 +48,9 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
         out.add(image.file, lines.get(dup), f"layers.{dup}", f"layer {dup!r} is listed twice", "list it once",
                 LAYER_ONCE.name)
     if out.problems:
-        return Resolved((), {})
+        return Resolved(())
 
     chosen: list[str] = []
-    pulled: dict[str, str] = {}
     pending = list(listed)
     while pending:
         name = pending.pop(0)
@@ -62,7 +60,6 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
         for req in tree.layers[name].data["requires"]:
             if req in tree.layers and req not in chosen and req not in inherited and req not in pending:
                 pending.append(req)
-                pulled[req] = name
 
     present = set(chosen) | set(inherited)
     provided: dict[str, str] = {}
@@ -89,8 +86,8 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
                         f"{name!r} conflicts with {c!r} (from layer {provided[c]!r}) in image {image.name!r}",
                         "remove one of the two layers from the image", CONFLICTS.name)
     if out.problems:
-        return Resolved((), {})
-    return Resolved(tuple(_toposort(tree, chosen, present, out)), pulled)
+        return Resolved(())
+    return Resolved(tuple(_toposort(tree, chosen, present, out)))
 
 
 def _toposort(tree: Tree, chosen: list[str], present: set[str], out: Collector) -> list[str]:
