@@ -163,12 +163,21 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _built(args: argparse.Namespace, tree: Any, image_ref: str, command: str) -> tuple[Any, str | None, Any]:
+    """(plan, config, sets) of the image built under the image's tag: the flags' plan when it matches
+    the image's recorded key, the recorded one when no -c/--set was given, else exit 2 naming both."""
+    from .engine import client as engine
+    from .engine.recorded import built_plan, image_labels
+
+    return built_plan(tree, image_ref, args.config, _sets(args), command,
+                      lambda ref: image_labels(engine.client(), ref))
+
+
 def cmd_test(args: argparse.Namespace) -> int:
-    from .compose.image import compose
     from .verify.run import run_tests
 
     tree = _tree(args)
-    plan = compose(tree, args.image, args.config, _sets(args))
+    plan, _, _ = _built(args, tree, args.image, "test")
     report = Path(args.report)
     modes = _modes(args.boot_modes)
     return run_tests(plan, report, boot=args.boot or bool(args.boot_modes), tree=tree, boot_modes=modes)
@@ -189,11 +198,10 @@ def _modes(text: str | None) -> tuple[str, ...]:
 
 
 def cmd_boot(args: argparse.Namespace) -> int:
-    from .compose.image import compose
     from .verify import boot
 
     tree = _tree(args)
-    plan = compose(tree, args.image, args.config, _sets(args))
+    plan, _, _ = _built(args, tree, args.image, "boot")
     art = boot.artifacts_for(plan, tree)
     cmdline = f"{art.cmdline} {args.append}".strip() if args.append else None
     return boot.interactive(art, args.mode, cmdline)
@@ -203,14 +211,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export.packer import export
 
     tree = _tree(args)
-    out = export(tree, args.image, args.config, _sets(args), Path(args.dir))
+    _, config, sets = _built(args, tree, args.image, "export packer")
+    out = export(tree, args.image, config, sets, Path(args.dir))
     print(f"wrote {out}; run: packer build {out}")
     return 0
 
 
 def cmd_push(args: argparse.Namespace) -> int:
     from . import publish
-    from .compose.image import compose
     from .engine import client as engine
 
     tree = _tree(args)
@@ -224,7 +232,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise Usage("no registry: give --registry HOST:PORT or set site.registry in the config")
     images = []
     for ref in args.images:
-        plan = compose(tree, ref, args.config, _sets(args))
+        plan, _, _ = _built(args, tree, ref, "push")
         images.append((plan.image, plan.tags))
     for p in publish.push(engine.client(), images, registry):
         print(f"{p.image:<20} {p.tag}  {p.digest}")

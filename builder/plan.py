@@ -98,6 +98,7 @@ class BuildPlan:
     outputs: dict[str, Any]
     inherited_layers: tuple[str, ...]
     user: str | None = None  # default USER of the final image (not inherited by child images)
+    sets: tuple[str, ...] = ()  # the --set arguments it was composed with (recorded on the built image)
 
     @property
     def key(self) -> str:

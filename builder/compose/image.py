@@ -15,7 +15,7 @@ from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
 from . import contributions
 from .apply import apply_script
 from .graph import resolve
-from .params import Setting, resolve_params
+from .params import Setting, format_sets, resolve_params
 from .render import environment, render_string, render_tree
 from .scope import LayerScope, Merged
 from .tests import derived_boot_tests, is_false, make_test
@@ -195,4 +195,5 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
         summary=image.data["summary"], config=config.name if config else None, base=base, steps=tuple(steps),
         tags=tags, params={**parent.params, **params} if parent else params,
         tests=(*parent.tests, *tests) if parent else tuple(tests), outputs=dict(image.data["outputs"]),
-        inherited_layers=inherited, user=image.data.get("user"), **contributions.plan_fields(merged))
+        inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []),
+        **contributions.plan_fields(merged))

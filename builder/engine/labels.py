@@ -46,6 +46,7 @@ def oci_labels(plan: BuildPlan, root: Path, base_name: str, base_digest: str) ->
         "io.nodeforge.image": plan.image,
         "io.nodeforge.kind": plan.kind,
         "io.nodeforge.config": plan.config or "",
+        "io.nodeforge.sets": json.dumps(list(plan.sets)),  # with the config: the flags that recompose this plan
         "io.nodeforge.key": plan.key,
         "io.nodeforge.layers": json.dumps(layers, separators=(",", ":")),
     }
