@@ -166,3 +166,12 @@ def test_list_checks_names_every_check_with_its_remedy(tmp_path: Path, capsys: p
     for c in CHECKS.values():
         assert f"{c.name}  ({c.stage})\n    {c.doc}\n    fix: {c.remedy}" in out
     assert "assert/v-is-one  (compose, layer a)\n    v must be 1\n    fix: set v to 1" in out
+
+
+def test_list_checks_without_a_loadable_tree_still_lists_the_registry(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    tree = make_tree(tmp_path, {"a": "name: a\nsummary: [not, a, string]\n"}, "one, a", {})
+    assert main(["--root", str(tree), "validate", "--list-checks"]) == 0
+    captured = capsys.readouterr()
+    assert all(name in captured.out for name in CHECKS) and "assert/" not in captured.out
+    assert "layers/a/layer.yaml" in captured.err and "asserts are left out" in captured.err
