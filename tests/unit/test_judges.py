@@ -206,3 +206,23 @@ def test_every_kind_of_the_schema_has_a_judge_at_each_scope() -> None:
                 assert kind in IMAGE_CHECKS
             elif kind != "entrypoint":  # the entrypoint check runs the image itself, in a container
                 assert kind in PROBE_JUDGES
+
+
+def test_the_boot_runner_runs_every_probe_and_the_report_reads_them_back(tmp_path: Path) -> None:
+    """The checks disk as the kernel layer's boot-check unit runs it (`sh run`), here on this host:
+    the runner, its meta and list files and the probes; the report parser and the judges read it."""
+    tests = [PlanTest("command", "l", "boot", "command", {"run": "echo hi; echo oops >&2", "exit": 0, "timeout": 10,
+                                                          "stdout": {"equals": "hi"}}, (), "f", 1),
+             PlanTest("file", "l", "boot", "file", {"path": str(tmp_path), "type": "directory"}, (), "f", 2),
+             PlanTest("fails", "l", "boot", "command", {"run": "exit 4", "exit": 0, "timeout": 10}, (), "f", 3)]
+    disk = tmp_path / "disk"
+    with tarfile.open(fileobj=io.BytesIO(guest.checks_archive(tests, "img", "k" * 64))) as tar:
+        tar.extractall(disk, filter="data")
+    proc = subprocess.run(["sh", str(disk / "run")], capture_output=True, text=True, timeout=60)
+    report = guest.GuestReport()
+    for line in proc.stdout.splitlines():
+        report.feed(line)
+    assert report.begun and report.ended and sorted(report.probes) == [0, 1, 2]
+    assert report.probes[0] == (0, "hi\n", "oops\n")
+    verdicts = [guest.judge(t, *report.probes[i]) for i, t in enumerate(tests)]
+    assert verdicts == ["", "", "exit status 4, expected 0"]
