@@ -92,7 +92,8 @@ def _step_lines(s: LayerScope) -> list[str]:
 
 def apply_script(s: LayerScope) -> str:
     """The whole script; empty when the layer only writes files."""
-    lines = (_package_lines(s) + _user_lines(s.data["users"], s.files) + _service_lines(s.data["services"])
+    services = {k: s.carry.get(f"services.{k}", []) for k in ("enable", "disable")}  # rendered by the handlers
+    lines = (_package_lines(s) + _user_lines(s.data["users"], s.files) + _service_lines(services)
              + _step_lines(s))
     if not lines:
         return ""

@@ -6,13 +6,17 @@ compose.contributions."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .. import lockfile
 from ..checks import kargs, sysctl
 from ..checks.registry import check
 from ..debian import PKG_PATTERN
+from ..definitions import grammar as g
+from ..definitions.guard import guarded
 from ..plan import Value
 from .scope import LayerScope
+from .tests import is_false
 
 WHEEL_TOOL = "unzip"  # installed for the wheels of a layer and removed in the same step
 
@@ -30,6 +34,24 @@ PACKAGE_NAME = check("package/name", "compose", "packages.apt and packages.hold 
                      "give the name only; versions come from the lock file")
 
 
+SERVICE_UNIT = check("service/unit", "compose", "a rendered services.enable or services.disable item is a systemd "
+                     "unit name with its suffix", "render a name such as chrony.service, or empty to drop the item")
+
+
+def kept(s: LayerScope, items: list[Any], *keys: Any) -> list[Any]:
+    """The list items whose `when:` (the {item, when} form) renders true, unwrapped; plain items as they are."""
+    out = []
+    for i, item in enumerate(items):
+        if guarded(item):
+            path = ".".join(map(str, keys)) + f"[{i}].when"
+            cond = s.text(item["when"], path, *keys, i)
+            if cond is None or is_false(cond):
+                continue
+            item = item["item"]
+        out.append(item)
+    return out
+
+
 def value_text(value: object) -> str:
     """A sysctl or module option value as the kernel prints it: booleans as 1/0, one line."""
     return sysctl.normalise(value)
@@ -38,6 +60,10 @@ def value_text(value: object) -> str:
 def read_files(s: LayerScope) -> None:
     for i, f in enumerate(s.data["files"]):
         line, origin = s.line("files", i), s.source("files", i)
+        if f.get("when") is not None:
+            cond = s.text(f["when"], f"files[{i}].when", "files", i)
+            if cond is None or is_false(cond):
+                continue
         path = s.text(f["path"], f"files[{i}].path", "files", i)
         if path is None:
             continue
@@ -98,6 +124,10 @@ def read_kernel_args(s: LayerScope) -> None:
     good = []
     for i, raw in enumerate(s.data["kernel"]["args"]):
         line = s.line("kernel", "args", i)
+        if guarded(raw):
+            if not kept(s, [raw], "kernel", "args"):
+                continue
+            raw = raw["item"]
         for arg in s.render([raw], "kernel", "args", i):
             problem = kargs.check(arg)
             if problem:
@@ -113,7 +143,7 @@ def read_kernel_args(s: LayerScope) -> None:
 
 
 def read_blacklist(s: LayerScope) -> None:
-    blacklist = s.render(s.data["kernel"]["blacklist"], "kernel", "blacklist")
+    blacklist = s.render(kept(s, s.data["kernel"]["blacklist"], "kernel", "blacklist"), "kernel", "blacklist")
     modules = s.merged.table("kernel.modules")
     for i, m in enumerate(blacklist):
         if m in modules:
@@ -149,7 +179,7 @@ def read_modprobe(s: LayerScope) -> None:
 
 
 def read_modules(s: LayerScope) -> None:
-    modules = s.render(s.data["kernel"]["modules"], "kernel", "modules")
+    modules = s.render(kept(s, s.data["kernel"]["modules"], "kernel", "modules"), "kernel", "modules")
     blacklist = s.merged.table("kernel.blacklist")
     for i, m in enumerate(modules):
         line = s.line("kernel", "modules", i)
@@ -165,7 +195,17 @@ def read_modules(s: LayerScope) -> None:
 
 
 def _services(s: LayerScope, mine: str, other: str) -> None:
-    for i, unit in enumerate(s.data["services"][mine]):
+    """Units rendered (an item that renders empty is dropped, as is one whose when: is false) and checked."""
+    units = []
+    for i, raw in enumerate(s.data["services"][mine]):
+        for unit in s.render(kept(s, [raw], "services", mine), "services", mine, i):
+            why = g.UNIT.problem(unit) if isinstance(unit, str) else f"expected a unit name, found {unit!r}"
+            if why:
+                SERVICE_UNIT.report(s.out, s.layer.file, s.line("services", mine, i), f"services.{mine}[{i}]", why)
+            else:
+                units.append((i, unit))
+    s.carry[f"services.{mine}"] = [u for _, u in units]
+    for i, unit in units:
         table, opposite = s.merged.table(f"services.{mine}"), s.merged.table(f"services.{other}")
         table[unit] = Value(unit, s.source("services", mine, i))
         if unit in opposite:
@@ -211,7 +251,7 @@ def _names_only(s: LayerScope, names: list[str], key: str) -> None:
 
 def read_packages(s: LayerScope) -> None:
     """apt packages pinned by the lock; wheels fetched and checked against its sha256."""
-    packages = s.render(s.data["packages"]["apt"], "packages", "apt")
+    packages = s.render(kept(s, s.data["packages"]["apt"], "packages", "apt"), "packages", "apt")
     _names_only(s, packages, "apt")
     table = s.merged.table("packages")
     packages = [p for p in packages if p not in table]
@@ -231,7 +271,7 @@ def read_packages(s: LayerScope) -> None:
 
 
 def read_holds(s: LayerScope) -> None:
-    holds = s.render(s.data["packages"]["hold"], "packages", "hold")
+    holds = s.render(kept(s, s.data["packages"]["hold"], "packages", "hold"), "packages", "hold")
     _names_only(s, holds, "hold")
     s.carry["holds"] = holds
 

@@ -42,6 +42,7 @@ MODULE_OPTION_VALUE = Str(r'[!$-&(-\[\]-~]+|"[ !#-\[\]-~]*"',
                           "double-quoted string)", template=True, chars=r'[!-~ ]', max_len=1024)
 UNIT = Str(r"[A-Za-z0-9@._:-]+\.(service|socket|timer|path|target|mount)",
            "a systemd unit name with its suffix", max_len=256)
+UNIT_TEMPLATE = Str(UNIT.pattern, UNIT.what, template=True, chars=r"[A-Za-z0-9@._:-]", max_len=256)
 # a kernel argument as the kernel parses it: name[=value], the value unquoted without white space
 # and shell or GRUB metacharacters, or one double-quoted string
 KARG = Str(r'[A-Za-z0-9_.-]+(=([A-Za-z0-9_.,:=/+@%~-]*|"[A-Za-z0-9_.,:=/+@%~ -]*"))?',

@@ -5,6 +5,7 @@ These tables drive validation, defaults and the reference printed by `nodeforge 
 from __future__ import annotations
 
 from . import grammar as g
+from .guard import Guarded
 from .spec import AnyValue, Bool, Enum, Field, Int, ListOf, MapOf, Scalar, Str, Struct
 
 # every string's grammar is named in builder.definitions.grammar (by where the value goes)
@@ -142,6 +143,7 @@ FILE = Struct({
     "mode": Field(MODE, "octal mode", default="0644"),
     "owner": Field(g.OWNER, "owner", default="root"),
     "group": Field(g.OWNER, "group", default="root"),
+    "when": Field(g.TEXT, "a template; the file is not written when it renders false, 0, no or empty", default=None),
 }, "a file", one_of=("source", "content"))
 
 REPO = Struct({
@@ -163,8 +165,10 @@ LAYER = Struct({
     "conflicts": Field(ListOf(NAME, unique=True), "layers or names that cannot be in the same image", default=[]),
     "params": Field(MapOf(IDENT, PARAM), "typed parameters", default={}),
     "packages": Field(Struct({
-        "apt": Field(ListOf(PKG, unique=True), "Debian packages (templates allowed)", default=[]),
-        "hold": Field(ListOf(PKG, unique=True), "packages to apt-mark hold (templates allowed)", default=[]),
+        "apt": Field(ListOf(Guarded(PKG), unique=True), "Debian packages (templates and when: allowed)",
+                     default=[]),
+        "hold": Field(ListOf(Guarded(PKG), unique=True), "packages to apt-mark hold (templates and when: allowed)",
+                      default=[]),
         "repos": Field(ListOf(REPO), "extra signed apt repositories", default=[]),
         "pip": Field(ListOf(g.PIP, unique=True),
                      "Python wheels (requirements such as name==1.2.*; templates allowed); exact versions and "
@@ -176,15 +180,20 @@ LAYER = Struct({
     "files": Field(ListOf(FILE), "files to write", default=[]),
     "sysctl": Field(MapOf(g.SYSCTL_KEY, Scalar(g.SYSCTL_VALUE)), "sysctl settings", default={}),
     "kernel": Field(Struct({
-        "args": Field(ListOf(g.KARG), "kernel command-line arguments", default=[]),
-        "modules": Field(ListOf(MODULE), "modules to load at boot", default=[]),
+        "args": Field(ListOf(Guarded(g.KARG)), "kernel command-line arguments (templates and when: allowed)",
+                      default=[]),
+        "modules": Field(ListOf(Guarded(MODULE)), "modules to load at boot (templates and when: allowed)",
+                         default=[]),
         "modprobe": Field(MapOf(MODULE, MapOf(g.MODULE_OPTION, Scalar(g.MODULE_OPTION_VALUE))),
                           "module options for /etc/modprobe.d", default={}),
-        "blacklist": Field(ListOf(MODULE), "modules never to load", default=[]),
+        "blacklist": Field(ListOf(Guarded(MODULE)), "modules never to load (templates and when: allowed)",
+                           default=[]),
     }), "kernel contributions", default={"args": [], "modules": [], "modprobe": {}, "blacklist": []}),
     "services": Field(Struct({
-        "enable": Field(ListOf(UNIT, unique=True), "units to enable", default=[]),
-        "disable": Field(ListOf(UNIT, unique=True), "units to disable", default=[]),
+        "enable": Field(ListOf(Guarded(g.UNIT_TEMPLATE), unique=True), "units to enable (templates and when: "
+                        "allowed; an item that renders empty is dropped)", default=[]),
+        "disable": Field(ListOf(Guarded(g.UNIT_TEMPLATE), unique=True), "units to disable (templates and when: "
+                         "allowed)", default=[]),
     }), "systemd units", default={"enable": [], "disable": []}),
     "env": Field(MapOf(ENV_NAME, Scalar()), "image environment", default={}),
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
