@@ -132,67 +132,80 @@ class Builder:
         parent_result = parent.result() if parent else None
         return self.build_one(name, parent_result)
 
+    def _base(self, c: docker.DockerClient, plan: BuildPlan, parent: BuildResult | None) -> tuple[str, str, str]:
+        """(ref to build on, its name and digest for the labels): a bootstrapped base or the parent image."""
+        if plan.base.kind == "debian":
+            base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image)
+            return base_ref, base_ref, engine.inspect(c, base_ref)["Id"]
+        assert parent is not None
+        self.progress.say(plan.image, f"base image {parent.image:<22} {parent.tags[0]}")
+        return parent.content_ref, parent.tags[0], parent.id
+
+    def _build_steps(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> tuple[str, list[StepResult]]:
+        """One cached engine build per layer step; (the last step's ref, what each step did)."""
+        name, n = plan.image, len(plan.steps)
+        results: list[StepResult] = []
+        ref = base_ref
+        state = rebuild.State(self.tree.root, name)
+        parent_key, parent_name = plan.base.key, "the base"
+        for i, step in enumerate(plan.steps, start=1):
+            tag = step_ref(step.key)
+            fp = rebuild.fingerprint(step, parent_key, parent_name)
+            why = ""
+            with Timer() as t:
+                if image_exists(c, tag):
+                    status = "cached"
+                else:
+                    why = rebuild.reason(state.previous(step.layer), fp)
+                    self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
+                    with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                        write_context(step, Path(tmp))
+                        ca = trust.extra_ca() if step.wheels else ""
+                        engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
+                                     self.log_dir / name / f"{i:02d}-{step.layer}.log",
+                                     {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
+                    status = "built"
+            self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
+            results.append(StepResult(step.layer, step.key, status, t.seconds, why))
+            state.record(step.layer, fp)
+            ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
+        state.save()
+        return ref, results
+
+    def _finalise(self, c: docker.DockerClient, plan: BuildPlan, content_ref: str, content_key: str,
+                  base: tuple[str, str, str]) -> tuple[str, dict[str, str]]:
+        """SBOM, OCI labels and the default user on top of the content, tagged; (ref, labels)."""
+        labels = oci_labels(plan, self.tree.root, base[1], base[2])
+        _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
+        labels[sbom.LABEL] = sbom_sha
+        meta_inputs: dict[str, Any] = {"content": content_key, "labels": labels}
+        user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
+        if user:
+            meta_inputs["user"] = plan.user
+        meta_ref = step_ref(digest(meta_inputs))
+        if not image_exists(c, meta_ref):
+            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
+                             self.log_dir / plan.image / "labels.log")
+        for tag in plan.tags:
+            repo, tg = engine.split_ref(tag)
+            c.api.tag(meta_ref, repo, tg)
+        return meta_ref, labels
+
     def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
+        """The whole pipeline for one image: base, lock policy, layer steps, the initramfs step of a
+        node, SBOM and labels, assembly of a node's disks."""
         c = engine.client()
         plan = self.plan(name)
         with Timer() as total:
-            if plan.base.kind == "debian":
-                base_ref = bootstrap.ensure(c, plan.base, self.progress, name)
-                base_name, base_digest = base_ref, engine.inspect(c, base_ref)["Id"]
-            else:
-                assert parent is not None
-                base_ref = parent.content_ref
-                base_name, base_digest = parent.tags[0], parent.id
-                self.progress.say(name, f"base image {parent.image:<22} {parent.tags[0]}")
-            plan = self._ensure_locked(c, plan, base_ref)
-            results: list[StepResult] = []
-            ref = base_ref
-            n = len(plan.steps)
-            state = rebuild.State(self.tree.root, name)
-            parent_key, parent_name = plan.base.key, "the base"
-            for i, step in enumerate(plan.steps, start=1):
-                tag = step_ref(step.key)
-                fp = rebuild.fingerprint(step, parent_key, parent_name)
-                why = ""
-                with Timer() as t:
-                    if image_exists(c, tag):
-                        status = "cached"
-                    else:
-                        why = rebuild.reason(state.previous(step.layer), fp)
-                        self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
-                        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
-                            write_context(step, Path(tmp))
-                            ca = trust.extra_ca() if step.wheels else ""
-                            engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
-                                          self.log_dir / name / f"{i:02d}-{step.layer}.log",
-                                          {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
-                        status = "built"
-                self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s"
-                                  f"  {step.key[:12]}")
-                results.append(StepResult(step.layer, step.key, status, t.seconds, why))
-                state.record(step.layer, fp)
-                ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
-            state.save()
-            content_ref, content_key = ref, plan.key
+            base = self._base(c, plan, parent)
+            plan = self._ensure_locked(c, plan, base[0])
+            content_ref, results = self._build_steps(c, plan, base[0])
+            content_key = plan.key
             if plan.kind == "node":
-                content_ref, content_key = initramfs_step(c, ref, plan.key, self.progress, name,
-                                                                   self.log_dir / name)
-            labels = oci_labels(plan, self.tree.root, base_name, base_digest)
-            _, sbom_sha = sbom.write(c, content_ref, plan, self.tree.root)
-            labels[sbom.LABEL] = sbom_sha
-            meta_inputs: dict[str, Any] = {"content": content_key, "labels": labels}
-            user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
-            if user:
-                meta_inputs["user"] = plan.user
-            meta_key = digest(meta_inputs)
-            meta_ref = step_ref(meta_key)
-            if not image_exists(c, meta_ref):
-                with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
-                    engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
-                                  self.log_dir / name / "labels.log")
-            for t_ in plan.tags:
-                repo, tg = engine.split_ref(t_)
-                c.api.tag(meta_ref, repo, tg)
+                content_ref, content_key = initramfs_step(c, content_ref, plan.key, self.progress, name,
+                                                          self.log_dir / name)
+            meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)
             node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress)
                     if plan.kind == "node" else None)
