@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         removed = client_module.remove_throwaway_containers() if client_module else []
         print("interrupted" + (f"; removed containers {' '.join(removed)}" if removed else ""), file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -386,9 +389,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no space left on the device{where}: nothing was published as complete (partial "
               "outputs were removed); free space (docker system prune, build/) and run it again", file=sys.stderr)
         return EXIT_FAIL
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":
