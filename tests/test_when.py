@@ -180,3 +180,19 @@ def _paths(container: Any) -> list[str]:
     data = b"".join(container.export())
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return tar.getnames()
+
+
+def test_services_without_systemd_are_refused_before_building(tmp_path: Path) -> None:
+    root = scratch(tmp_path)
+    text = LAYER.replace(f"    - {{item: {UNIT}, when: \"{{{{ image.kind == 'node' }}}}\"}}", f"    - {UNIT}")
+    (root / "layers/timesync/layer.yaml").write_text(text)
+    tree = load_tree(root)
+    assert UNIT in units(compose(tree, "when-node", "default"))  # the node image has systemd (base layer)
+    with pytest.raises(DefinitionError) as e:
+        compose(tree, "when-container")
+    rendered = e.value.render()
+    assert "[services/systemd]" in rendered and "layers/timesync/layer.yaml" in rendered
+    assert "services need systemd in the image" in rendered and "when:" in rendered
+    validated = subprocess.run([sys.executable, "-m", "builder", "--root", str(root), "validate"],
+                               capture_output=True, text=True)
+    assert validated.returncode == 2 and "[services/systemd]" in validated.stderr

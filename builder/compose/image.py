@@ -16,6 +16,7 @@ from . import contributions
 from .apply import apply_script
 from .graph import resolve
 from .params import Setting, format_sets, resolve_params
+from .prebuild import check_prebuild
 from .render import environment, render_string, render_tree
 from .scope import LayerScope, Merged
 from .tests import derived_boot_tests, is_false, make_test
@@ -187,6 +188,8 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
     if image.data["kind"] == "node":
         tests += derived_boot_tests(merged, tests)
     tests += _image_level(tree, image, ictx, merged, out)
+    if not out.problems:  # what the build would reject later, said now
+        check_prebuild(image, merged, locked, parent, out)
     out.raise_if_any()
     tags = tuple(image.data["outputs"]["tags"]) or (f"nodeforge/{image.name}:{image.data['version']}",)
     params = {f"{n}.{p}": Value(s.value, s.source) for n, ps in settings.items() for p, s in ps.items()}
