@@ -254,9 +254,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     from .definitions.reference import document
-    from .definitions.tables import CONFIG, IMAGE, LAYER
+    from .definitions.tables import CONFIG, IMAGE, LAYER, PARAM
 
-    table = {"layer": LAYER, "image": IMAGE, "config": CONFIG}
+    table = {"layer": LAYER, "image": IMAGE, "config": CONFIG, "param": PARAM}
     for name in (args.kind,) if args.kind else table:
         print(document(name, table[name]))
     return 0
@@ -289,7 +289,8 @@ def _definition_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     sp.set_defaults(func=cmd_render)
 
     sp = sub.add_parser("schema", help="print the reference of every definition key")
-    sp.add_argument("kind", nargs="?", choices=["layer", "image", "config"])
+    sp.add_argument("kind", nargs="?", choices=["layer", "image", "config", "param"],
+                    help="one definition (param: a layer parameter's keys, types and how values combine)")
     sp.set_defaults(func=cmd_schema)
 
 

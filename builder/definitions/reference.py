@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
-from .spec import Field, ListOf, Spec, Struct
+from .spec import Field, ListOf, MapOf, Spec, Struct
+
+PARAM_TYPES = """\
+  types:
+    int, float           numbers; min and max bound them
+    str                  a string; pattern (a regular expression) must match the whole value
+    bool                 true or false
+    list                 a list of scalars; list[str], list[int], list[float], list[bool] (or type: list
+                         with items: T) check every item, and min, max, choices, pattern apply to each item
+  values come from the default, then a config (params.<layer>.<param>), then the image
+  (layers: [{<layer>: {<param>: value}}]), then --set <layer>.<param>=value. For a list, a plain list
+  in a config or image is appended and {replace: [a, b]} replaces; --set L.P=[a,b] replaces and
+  --set L.P+=[c] (or +=c) appends; null resets (scalars to the default, lists to empty)."""
 
 
 def _walk(spec: Spec, prefix: str, out: list[str]) -> None:
     if isinstance(spec, ListOf) and isinstance(spec.item, Struct):
         _walk(spec.item, prefix + "[]", out)
+        return
+    if isinstance(spec, MapOf) and isinstance(spec.value, Struct):
+        _walk(spec.value, prefix + ".<name>", out)
         return
     if not isinstance(spec, Struct):
         return
@@ -26,4 +41,6 @@ def _line(key: str, f: Field) -> str:
 def document(name: str, spec: Struct) -> str:
     out = [f"{name}:"]
     _walk(spec, "", out)
+    if name == "param":
+        out.append(PARAM_TYPES)
     return "\n".join(out)
