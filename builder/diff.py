@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import tarfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import docker.errors
 from .compose.contributions import KINDS
 from .engine import client as engine
 from .engine.client import SESSION_LABEL
+from .engine.recorded import recorded
 from .errors import EnvironmentProblem
 
 # churn that says nothing about what a node runs
@@ -102,9 +104,18 @@ def _set_diff(title: str, a: list[str] | set[str], b: list[str] | set[str]) -> l
     return [f"{title}:", *lines] if lines else []
 
 
+def _built_from(labels: dict[str, str]) -> str:
+    """What the build recorded: plan key, config and --set values (empty for other images)."""
+    rec = recorded(labels)
+    if rec is None:
+        return ""
+    flags = shlex.join(rec.flags())
+    return f"; plan {rec.key[:12]}" + (f", built with {flags}" if flags else "")
+
+
 def diff(c: docker.DockerClient, ref_a: str, ref_b: str, all_files: bool = False) -> list[str]:
     a, b = snapshot(c, ref_a), snapshot(c, ref_b)
-    out = [f"--- {ref_a} ({a.id[7:19]})", f"+++ {ref_b} ({b.id[7:19]})"]
+    out = [f"--- {ref_a} ({a.id[7:19]}{_built_from(a.labels)})", f"+++ {ref_b} ({b.id[7:19]}{_built_from(b.labels)})"]
     for kind in KINDS:  # every contribution kind that can be read back from a built image
         if kind.diff is None:
             continue

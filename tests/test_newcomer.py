@@ -150,3 +150,13 @@ def test_build_with_set_then_test_without_it(docker_client: docker.DockerClient,
     same = nodeforge("test", image, "--set", "probe.value=built-value", "--report", str(report))
     assert same.returncode == 0, same.stdout + same.stderr
     assert "was built with" not in same.stderr
+
+
+def test_diff_headers_say_what_each_image_was_built_from() -> None:
+    from builder.diff import _built_from
+
+    labels = {"io.nodeforge.key": "abcdef1234567890", "io.nodeforge.config": "site",
+              "io.nodeforge.sets": json.dumps(['probe.value="x y"'])}
+    assert _built_from(labels) == "; plan abcdef123456, built with -c site --set 'probe.value=\"x y\"'"
+    assert _built_from({"io.nodeforge.key": "abcdef1234567890"}) == "; plan abcdef123456"
+    assert _built_from({}) == ""
