@@ -91,10 +91,11 @@ def built_plan(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[
     given = (["-c", config] if config else []) + [a for s in plan.sets for a in ("--set", s)]
     tag = plan.tags[0]
     if not given:
-        rec_sets = parse_sets(list(rec.sets))
+        rec_sets: list[tuple[str, str, Any]] = []
         try:
+            rec_sets = parse_sets(list(rec.sets))
             again: BuildPlan | None = compose(tree, image_ref, rec.config, rec_sets)
-        except NodeforgeError:
+        except NodeforgeError:  # a config or parameter the definitions no longer have
             again = None
         if again is not None and again.key == rec.key:
             print(f"{command}: {tag} was built with {_flag_text(rec.flags())}; using that plan "
@@ -104,7 +105,8 @@ def built_plan(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[
         rebuild = " ".join(["nodeforge build", f"images/{plan.image}.yaml", *map(shlex.quote, rec.flags())])
         raise UsageError(
             f"{tag} was built from plan {rec.key[:12]} ({_flag_text(rec.flags())}), and the definitions now {now} "
-            f"with those flags: the image is out of date; rebuild it: {rebuild}")
+            f"with those flags: the image is out of date; rebuild it ({rebuild}), or build the plan these "
+            f"definitions give without flags (nodeforge build images/{plan.image}.yaml)")
     matching = " ".join(["nodeforge", command, plan.image, *map(shlex.quote, rec.flags())])
     raise UsageError(
         f"{tag} was built from plan {rec.key[:12]} ({_flag_text(rec.flags())}), but {_flag_text(given)} composes "
