@@ -45,7 +45,6 @@ FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
                          "one, a", {}),
     "service/unit": ({"a": "name: a\nsummary: s\nservices: {enable: [\"{{ 'not a unit' }}\"]}\n"}, "one, a", {}),
     "services/systemd": ({"a": "name: a\nsummary: s\nservices: {enable: [x.service]}\n"}, "one, a", {}),
-    "service/unit": ({"a": "name: a\nsummary: s\nservices: {enable: [\"{{ 'chrony' }}\"]}\n"}, "one, a", {}),
     "kernel-arg/known": ({"a": "name: a\nsummary: s\nkernel: {args: [pcie_bus_perf]}\n"}, "one, a", {}),
     "sysctl/shape": ({"a": "name: a\nsummary: s\nsysctl: {swappiness: 1}\n"}, "one, a", {}),
     "package/name": ({"a": "name: a\nsummary: s\npackages: {apt: [\"{{ 'Bad_Name' }}\"]}\n"}, "one, a", {}),
