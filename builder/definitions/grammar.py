@@ -10,6 +10,8 @@ every value for their language anyway (builder.quoting): validation is not the o
 
 from __future__ import annotations
 
+from typing import Any
+
 from .spec import Str
 from .strings import ImagePath, Mode, Regex, RelPath
 
@@ -74,3 +76,13 @@ def check_rendered(grammar: Str, value: str) -> str:
     """'' when a rendered template value fits its grammar, else what is wrong: the composer's
     handlers call this on every rendered value before it is written anywhere."""
     return grammar.problem(value)
+
+
+def rendered_problems(grammar: Str, values: list[Any]) -> list[tuple[int, str]]:
+    """(index, what is wrong) for each rendered list item that does not fit its grammar."""
+    out = []
+    for i, value in enumerate(values):
+        why = grammar.problem(value) if isinstance(value, str) else f"expected {grammar.what}, found {value!r}"
+        if why:
+            out.append((i, why))
+    return out
