@@ -46,13 +46,12 @@ def render_text(text: str, ctx: dict[str, object] | None = None, files: Path | N
 # --- 1. sandboxed templates ------------------------------------------------------------------------
 
 def test_a_template_reaching_os_is_refused_with_exit_2(scratch_tree: Path) -> None:
-    marker = Path("/tmp/nodeforge-pwned")
-    marker.unlink(missing_ok=True)
+    marker = scratch_tree / "nodeforge-pwned"  # what the template would create in the working directory
     for f in (MALFORMED / "template-sandbox-os").rglob("*.yaml"):
         dest = scratch_tree / f.relative_to(MALFORMED / "template-sandbox-os")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(f.read_text())
-    proc = nodeforge(scratch_tree, "validate")
+    proc = nodeforge(scratch_tree, "validate", cwd=scratch_tree)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "layers/bad/layer.yaml:3: sysctl.vm.swappiness: template refused by the sandbox" in proc.stderr
