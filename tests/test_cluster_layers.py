@@ -6,9 +6,16 @@ rendered with another value, and the nvidia-peermem loader on fake sysfs trees."
 
 from __future__ import annotations
 
+import functools
+import http.server
+import json
 import os
 import re
+import shutil
+import socketserver
 import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +311,55 @@ def test_dgx_h100_with_slurm_and_infiniband(scratch_tree: Path) -> None:
     assert cores == [("h100", str(i), "0-55" if i < 4 else "56-111") for i in range(8)]
     assert "Gres=gpu:h100:8 " in files["/etc/slurm/nodeforge-gpu-nodes.conf"]
     assert "* hard memlock unlimited" in files["/etc/security/limits.d/90-nodeforge-rdma.conf"]
+
+
+# --- gpu-node built with configs/v100-slurm.yaml boots with every boot-scope check passing ---------
+
+@pytest.fixture(scope="session")
+def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """gpu-node -c v100-slurm, built in a copy of the tree under its own tag (the default build keeps
+    nodeforge/gpu-node), with the stand-in container toolkit as tests/test_gpu_node.py serves it, then
+    tested with a direct boot: the JSON report."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_gpu_node import _bridge_address, build_offline_sources
+
+    tree = tmp_path_factory.mktemp("v100-tree")
+    for d in ("layers", "images", "configs"):
+        shutil.copytree(ROOT / d, tree / d)
+    image = tree / "images/gpu-node.yaml"
+    image.write_text(image.read_text().replace("nodeforge/gpu-node:0.1.0",
+                                               "nodeforge-test/gpu-node-v100-slurm:0.1.0"))
+    offline = tmp_path_factory.mktemp("v100-offline")
+    build_offline_sources(offline)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(offline))
+    address = _bridge_address()
+    server = socketserver.ThreadingTCPServer((address, 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://{address}:{server.server_address[1]}"
+        cli = [sys.executable, "-m", "builder.cli", "--root", str(tree)]
+        sets = ["--set", f"nvidia-container-runtime.offline_source={base}/toolkit/"]
+        built = subprocess.run([*cli, "build", "gpu-node", "-c", "v100-slurm", *sets],
+                               capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-6000:]
+        report = tmp_path_factory.mktemp("v100-report")
+        tested = subprocess.run([*cli, "test", "gpu-node", "-c", "v100-slurm", *sets, "--boot-modes", "direct",
+                                 "--report", str(report)], capture_output=True, text=True)
+        data: dict[str, Any] = json.loads((report / "gpu-node.json").read_text())
+        data["rc"], data["stderr"] = tested.returncode, tested.stderr
+        return data
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_gpu_node_with_v100_slurm_boots_with_every_check_passing(v100_report: dict[str, Any]) -> None:
+    failed = [f"{r['layer']}: {r['name']}: {r['message']}" for r in v100_report["results"]
+              if r["status"] == "failed"]
+    assert not failed, failed
+    assert v100_report["rc"] == 0, v100_report["stderr"][-3000:]
+    for layer in LAYERS:
+        boot = [r for r in v100_report["results"] if r["layer"] == layer and r["scope"] == "boot"]
+        assert boot and all(r["status"] == "passed" for r in boot), (layer, boot)
