@@ -89,30 +89,40 @@ class Builder:
     # --- building -------------------------------------------------------------------------------
     def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
         order = self._closure(images)
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            pending: dict[str, Future[BuildResult]] = {}
-
-            def submit(name: str) -> Future[BuildResult]:
-                if name in pending:
-                    return pending[name]
-                parent = self.tree.images[name].data["from"].get("image")
-                parent_future = submit(parent) if parent else None
-                pending[name] = pool.submit(self._build_after, name, parent_future)
-                return pending[name]
-
-            for name in order:
-                submit(name)
-            done, _ = wait(list(pending.values()), return_when=FIRST_EXCEPTION)
-            for fut in done:
-                exc = fut.exception()
-                if exc:
-                    for other in pending.values():
-                        other.cancel()
-                    raise exc
-            wait(list(pending.values()))
-            for fut in pending.values():
-                fut.result()
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        interrupted = False
+        try:
+            self._run(pool, order)
+        except KeyboardInterrupt:  # do not wait for running builds; the CLI removes their containers
+            interrupted = True
+            raise
+        finally:
+            pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
         return [self.results[n] for n in order]
+
+    def _run(self, pool: ThreadPoolExecutor, order: list[str]) -> None:
+        pending: dict[str, Future[BuildResult]] = {}
+
+        def submit(name: str) -> Future[BuildResult]:
+            if name in pending:
+                return pending[name]
+            parent = self.tree.images[name].data["from"].get("image")
+            parent_future = submit(parent) if parent else None
+            pending[name] = pool.submit(self._build_after, name, parent_future)
+            return pending[name]
+
+        for name in order:
+            submit(name)
+        done, _ = wait(list(pending.values()), return_when=FIRST_EXCEPTION)
+        for fut in done:
+            exc = fut.exception()
+            if exc:
+                for other in pending.values():
+                    other.cancel()
+                raise exc
+        wait(list(pending.values()))
+        for fut in pending.values():
+            fut.result()
 
     def _closure(self, images: list[str]) -> list[str]:
         order: list[str] = []
@@ -130,7 +140,8 @@ class Builder:
 
     def _build_after(self, name: str, parent: Future[BuildResult] | None) -> BuildResult:
         parent_result = parent.result() if parent else None
-        return self.build_one(name, parent_result)
+        with engine.image_lock(self.tree.root, name):  # two builds of one image never interleave
+            return self.build_one(name, parent_result)
 
     def _base(self, c: docker.DockerClient, plan: BuildPlan, parent: BuildResult | None) -> tuple[str, str, str]:
         """(ref to build on, its name and digest for the labels): a bootstrapped base or the parent image."""

@@ -33,7 +33,14 @@ def probe_script(test: Test) -> str:
     return judge.probe(test.spec)
 
 
+# the first module check unpacks the whole initramfs (with the NVIDIA driver's modules, about
+# 150 MB under software emulation): it gets longer than a plain probe
+MODULE_PROBE_TIMEOUT = 300
+
+
 def probe_timeout(test: Test) -> int:
+    if test.kind == "module":
+        return MODULE_PROBE_TIMEOUT
     return int(test.spec.get("timeout") or 60)
 
 
