@@ -34,6 +34,9 @@ PACKAGE_NAME = check("package/name", "compose", "packages.apt and packages.hold 
                      "give the name only; versions come from the lock file")
 
 
+RENDERED_VALUE = check("rendered/grammar", "compose", "a value a template renders (a file path, a module name, a "
+                       "module option) fits the grammar of where it is written", "change the parameter so that the "
+                       "rendered value fits, e.g. an absolute path without '..', a module name of [a-z0-9_-]")
 SERVICE_UNIT = check("service/unit", "compose", "a rendered services.enable or services.disable item is a systemd "
                      "unit name with its suffix", "render a name such as chrony.service, or empty to drop the item")
 
@@ -67,6 +70,11 @@ def read_files(s: LayerScope) -> None:
         path = s.text(f["path"], f"files[{i}].path", "files", i)
         if path is None:
             continue
+        why = g.PATH.problem(path)  # a rendered path obeys what a literal one does, and is one spelling
+        if why:
+            RENDERED_VALUE.report(s.out, s.layer.file, line, f"files[{i}].path", why)
+            continue
+        path = g.PATH.normalise(path)
         owner = {"mode": f["mode"], "owner": f["owner"], "group": f["group"]}
         if f.get("content") is not None:
             text = s.text(f["content"], f"files[{i}].content", "files", i) if f.get("template", True) is not False \
@@ -144,6 +152,7 @@ def read_kernel_args(s: LayerScope) -> None:
 
 def read_blacklist(s: LayerScope) -> None:
     blacklist = s.render(kept(s, s.data["kernel"]["blacklist"], "kernel", "blacklist"), "kernel", "blacklist")
+    _module_names(s, blacklist, "blacklist")
     modules = s.merged.table("kernel.modules")
     for i, m in enumerate(blacklist):
         if m in modules:
@@ -166,6 +175,10 @@ def read_modprobe(s: LayerScope) -> None:
             if value is None:
                 continue
             text = value_text(value)
+            why = g.MODULE_OPTION_VALUE.problem(text)
+            if why:
+                RENDERED_VALUE.report(s.out, s.layer.file, line, f"kernel.modprobe.{module}.{opt}", why)
+                continue
             s.merged.scalar("kernel.modprobe", f"{module}.{opt}",
                             Value(text, s.source("kernel", "modprobe", module, opt) + s.via(raw)),
                             s.layer.file, line)
@@ -178,8 +191,14 @@ def read_modprobe(s: LayerScope) -> None:
                    f"layer {s.name} kernel.modprobe", s.line("kernel"))
 
 
+def _module_names(s: LayerScope, names: list[Any], key: str) -> None:
+    for i, why in g.rendered_problems(g.MODULE, names):
+        RENDERED_VALUE.report(s.out, s.layer.file, s.line("kernel", key, i), f"kernel.{key}[{i}]", why)
+
+
 def read_modules(s: LayerScope) -> None:
     modules = s.render(kept(s, s.data["kernel"]["modules"], "kernel", "modules"), "kernel", "modules")
+    _module_names(s, modules, "modules")
     blacklist = s.merged.table("kernel.blacklist")
     for i, m in enumerate(modules):
         line = s.line("kernel", "modules", i)

@@ -43,6 +43,8 @@ FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
     "conflict/module": ({"a": "name: a\nsummary: s\nkernel: {modules: [nvidia], blacklist: [nvidia]}\n"}, "one, a", {}),
     "conflict/service": ({"a": "name: a\nsummary: s\nservices: {enable: [x.service], disable: [x.service]}\n"},
                          "one, a", {}),
+    "rendered/grammar": ({"a": "name: a\nsummary: s\nfiles: [{path: \"{{ '/etc/../x' }}\", content: x}]\n"},
+                         "one, a", {}),
     "service/unit": ({"a": "name: a\nsummary: s\nservices: {enable: [\"{{ 'not a unit' }}\"]}\n"}, "one, a", {}),
     "services/systemd": ({"a": "name: a\nsummary: s\nservices: {enable: [x.service]}\n"}, "one, a", {}),
     "kernel-arg/known": ({"a": "name: a\nsummary: s\nkernel: {args: [pcie_bus_perf]}\n"}, "one, a", {}),
