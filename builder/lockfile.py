@@ -77,9 +77,13 @@ def write(root: Path, lock: Lock) -> Path:
                                       "direct": w.get("direct") == "true"} for n, w in sorted(ws.items())}
                           for layer, ws in lock.wheels.items() if ws}
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(HEADER + yaml.safe_dump(body, sort_keys=False, width=120))
-    os.replace(tmp, p)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(HEADER + yaml.safe_dump(body, sort_keys=False, width=120))
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return p
 
 

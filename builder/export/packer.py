@@ -70,7 +70,7 @@ def _keypair(dest: Path) -> str:
 
 def _layer_provisioners(step: LayerStep, index: int) -> list[dict[str, Any]]:
     where = f"{UPLOAD}/{index:02d}-{step.layer}"
-    fix = [f"chmod {f.mode} {shlex.quote(f.path)} && chown {f.owner}:{f.group} {shlex.quote(f.path)}"
+    fix = [f"chmod {f.mode} {shlex.quote(f.path)} && chown {shlex.quote(f.owner + ':' + f.group)} {shlex.quote(f.path)}"
            for f in step.files]
     inline = ["set -eu", f"echo 'nodeforge: applying layer {step.layer} ({step.key[:12]})'",
               f"cp -a {where}/root/. /", *fix]

@@ -269,9 +269,9 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
         for tmp in ("esp.img", "core.img", "BOOTX64.EFI", "grub.cfg"):
             (work / tmp).unlink(missing_ok=True)
         os.chmod(work, 0o755)
-        os.replace(work, out)
         art.dir = str(out)
-        (out / MANIFEST).write_text(json.dumps(art.to_json(), indent=2) + "\n")
+        (work / MANIFEST).write_text(json.dumps(art.to_json(), indent=2) + "\n")  # complete before it is visible
+        os.replace(work, out)
         return art
     finally:
         if work.exists():

@@ -41,7 +41,7 @@ def main() -> None:
         pathlib.Path("/tmp/c.txt").write_text("".join(f"{n}=={v}\n" for n, v in pinned.items()))
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--break-system-packages",
                "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--target", "/tmp/t",
-               "--report", "/tmp/r.json", "-c", "/tmp/c.txt", *reqs]
+               "--report", "/tmp/r.json", "-c", "/tmp/c.txt", "--", *reqs]
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"pip could not resolve the wheels of layer {layer}: {' '.join(requirements)}")
         direct = [norm(re.split(r"[\s\[=<>!~;@]", r, maxsplit=1)[0]) for r in requirements]
