@@ -361,5 +361,7 @@ def test_gpu_node_with_v100_slurm_boots_with_every_check_passing(v100_report: di
     assert not failed, failed
     assert v100_report["rc"] == 0, v100_report["stderr"][-3000:]
     for layer in LAYERS:
-        boot = [r for r in v100_report["results"] if r["layer"] == layer and r["scope"] == "boot"]
-        assert boot and all(r["status"] == "passed" for r in boot), (layer, boot)
+        ran = [r for r in v100_report["results"] if r["layer"] == layer]
+        assert ran and all(r["status"] == "passed" for r in ran), (layer, ran)
+        if layer != "k8s-gpu":  # k8s-gpu only writes a file: it has no boot-scope check
+            assert any(r["scope"] == "boot" for r in ran), layer
