@@ -36,7 +36,8 @@ def main() -> int:
     print("== no-op rebuild: nodeforge build images/node-minimal.yaml -c default (whole command, warm engine)")
     print(f"   runs {len(times)}: median {med:.2f}s, min {min(times):.2f}s, max {max(times):.2f}s "
           f"(target < 2 s: {'met' if med < 2 else 'MISSED'})")
-    for name, title in (("boot", "boot time to verdict per mode"), ("cuda_sizes", "CUDA image sizes")):
+    for name, title in (("boot", "boot time to verdict per mode"), ("cuda_sizes", "CUDA image sizes"),
+                        ("gpu_health", "GPU health check (Slurm kills it after 60 s; the goal is under 5 s)")):
         try:
             mod = importlib.import_module(f"benchmarks.{name}")
         except ModuleNotFoundError:
