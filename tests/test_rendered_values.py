@@ -60,3 +60,20 @@ def test_rendered_value_outside_its_grammar_is_refused(tree: Path, setting: str,
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert key in proc.stderr and "layers/bad/layer.yaml" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["/etc/x\nRUN id", "/etc/x\x1b[2J", "/etc/x\rmore"])
+def test_a_control_character_on_the_command_line_is_refused(tree: Path, value: str) -> None:
+    proc = plan(tree, f"bad.where={value}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--set bad.where" in proc.stderr and "control character" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_alias_bomb_on_the_command_line_is_never_expanded() -> None:
+    from builder.compose.params import parse_sets
+
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    bomb = "{" + ", ".join(levels) + "}"
+    ((_, _, value),) = parse_sets([f"kernel-args.extra={bomb}"])
+    assert value == bomb  # refused by the bounded reader: kept as the literal text, which no grammar accepts

@@ -8,14 +8,14 @@ the command line `--set L.P=[a, b]` replaces and `--set L.P+=[c]` (or `+=c`) app
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from ..checks.registry import check
 from ..definitions.load import Config, Image, Tree
-from ..errors import Collector, NodeforgeError
+from ..definitions.yamlsrc import load_text
+from ..errors import Collector, DefinitionError, NodeforgeError
 
 PARAM_KNOWN = check("param/known", "compose", "a parameter value names a layer of the tree and one of its parameters",
                     "fix the layer or parameter name")
@@ -51,9 +51,13 @@ def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
         if not eq or not dot or not layer or not param:
             raise NodeforgeError(f"--set {item!r}: expected LAYER.PARAM=VALUE (or LAYER.PARAM+=ITEMS for a list), "
                                  "e.g. --set sysctl.swappiness=10, --set kernel-args.extra=[quiet,nosmt]")
+        bad = _CONTROL.search(text)
+        if bad:
+            raise NodeforgeError(f"--set {key}: a value cannot hold control character U+{ord(bad.group()):04X} "
+                                 "(a newline or escape would reach the files and scripts it is written into)")
         try:
-            value = yaml.safe_load(text) if text != "" else ""
-        except yaml.YAMLError:
+            value = _plain(load_text(text, f"--set {key}")) if text != "" else ""
+        except DefinitionError:
             value = text
         if append:
             if value is None or value == "":
@@ -62,6 +66,18 @@ def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
             value = Append(tuple(value) if isinstance(value, list) else (value,))
         out.append((layer, param, value))
     return out
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _plain(value: Any) -> Any:
+    """A --set value read with the bounded YAML reader (no alias bombs, no giant numbers), as plain data."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def format_sets(sets: list[tuple[str, str, Any]]) -> tuple[str, ...]:
