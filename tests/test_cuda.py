@@ -153,7 +153,7 @@ def test_registry_round_trip_by_digest(cuda_images: Images, docker_client: Clien
     try:
         for p in pushed:
             assert p.digest.startswith("sha256:")
-            docker_client.images.remove(p.tag)
+            assert p.tag not in docker_client.images.get(TAGS[p.image]).tags  # push leaves no registry tag
             docker_client.images.remove(TAGS[p.image])
             pulled = docker_client.images.pull(p.by_digest)
             assert pulled.id == cuda_images[p.image].id
