@@ -33,9 +33,9 @@ def probe_script(test: Test) -> str:
     return judge.probe(test.spec)
 
 
-# the first module check unpacks the whole initramfs (with the NVIDIA driver's modules, about
-# 150 MB under software emulation): it gets longer than a plain probe
-MODULE_PROBE_TIMEOUT = 300
+# the first module check streams modprobe.d out of the initramfs (with the NVIDIA driver's modules,
+# about 50 MB compressed, under software emulation): it gets longer than a plain probe
+MODULE_PROBE_TIMEOUT = 180
 
 
 def probe_timeout(test: Test) -> int:
