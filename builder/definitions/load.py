@@ -253,6 +253,25 @@ def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, di
     return refs
 
 
+def _load_definition(root: Path, path: Path, spec: Any, out: Collector) -> tuple[str, Any, dict[str, Any]] | None:
+    """An image or config file read and validated, its name checked against the file name; None when
+    it has problems (they are in `out`)."""
+    rel = _rel(root, path)
+    try:
+        raw = load_file(path, rel)
+    except DefinitionError as e:
+        out.problems.extend(e.problems)
+        return None
+    before = len(out.problems)
+    data = validate(spec, raw, rel, out)
+    if not data or len(out.problems) > before:
+        return None
+    if data.get("name") and data["name"] != path.stem:
+        out.add(rel, line_of(raw, "name"), "name",
+                f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+    return rel, raw, data
+
+
 def load_tree(root: Path) -> Tree:
     out = Collector()
     if not root.is_dir():
@@ -271,38 +290,20 @@ def load_tree(root: Path) -> Tree:
                 layers[layer.name] = layer
     images: dict[str, Image] = {}
     for path in sorted((root / "images").glob("*.yaml")):
-        rel = _rel(root, path)
-        try:
-            raw = load_file(path, rel)
-        except DefinitionError as e:
-            out.problems.extend(e.problems)
+        loaded = _load_definition(root, path, IMAGE, out)
+        if loaded is None:
             continue
-        before = len(out.problems)
-        data = validate(IMAGE, raw, rel, out)
-        if not data or len(out.problems) > before:
-            continue
-        if data.get("name") and data["name"] != path.stem:
-            out.add(rel, line_of(raw, "name"), "name",
-                    f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+        rel, raw, data = loaded
         refs = _layer_refs(raw.get("layers") if isinstance(raw, dict) else None, rel, out)
         images[path.stem] = Image(path.stem, rel, data, raw, layer_refs=tuple(refs))
     configs: dict[str, Config] = {}
     for path in sorted((root / "configs").glob("*.yaml")):
-        rel = _rel(root, path)
-        try:
-            raw = load_file(path, rel)
-        except DefinitionError as e:
-            out.problems.extend(e.problems)
+        loaded = _load_definition(root, path, CONFIG, out)
+        if loaded is None:
             continue
-        before = len(out.problems)
-        data = validate(CONFIG, raw, rel, out)
-        if not data or len(out.problems) > before:
-            continue
+        rel, raw, data = loaded
         if data.get("site") is None:
             data["site"] = validate(CONFIG.fields["site"].spec, LDict(), rel, out)
-        if data.get("name") and data["name"] != path.stem:
-            out.add(rel, line_of(raw, "name"), "name",
-                    f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
         for kind, names in data["layers"].items():
             for i, lname in enumerate(names):
                 if lname not in layers:
