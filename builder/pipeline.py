@@ -29,6 +29,7 @@ from .engine.labels import oci_labels
 from .engine.steps import engine_build, initramfs_step, step_ref
 from .errors import BuildFailed
 from .node import assemble
+from .paths import build_dir
 from .plan import BuildPlan, digest
 from .progress import Progress, Timer
 
@@ -61,7 +62,7 @@ class Builder:
                  locked: bool = False, log_dir: Path | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
         self.locked = locked
-        self.log_dir = log_dir or tree.root / "build" / "logs"
+        self.log_dir = log_dir or build_dir(tree.root) / "logs"
         self.results: dict[str, BuildResult] = {}
         self._lock = threading.Lock()
 

@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "builder"
 RANKS: list[set[str]] = [
     {"__main__"},
     {"cli"},
+    {"repro"},
     {"export"},
     {"pipeline", "verify", "publish", "diff"},
     {"node"},
@@ -31,6 +32,7 @@ RANKS: list[set[str]] = [
     {"definitions"},
     {"lockfile"},
     {"plan", "debian", "progress", "resources"},
+    {"paths"},
     {"errors"},
 ]
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import docker
 
 from ..errors import BuildFailed, EnvironmentProblem
+from ..paths import base_repo
 from ..plan import Base
 from ..progress import Progress, Timer
-from .client import BASE_REPO, image_exists
+from .client import image_exists
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -25,7 +26,7 @@ def cache_dir() -> Path:
 
 
 def base_ref(base: Base) -> str:
-    return f"{BASE_REPO}:{base.key}"
+    return f"{base_repo()}:{base.key}"
 
 
 def mmdebstrap_command(base: Base, out: Path) -> list[str]:
@@ -67,7 +68,7 @@ def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str) -
         return ref
     with Timer() as t:
         tar = tarball(base, progress, image)
-        c.api.import_image(src=str(tar), repository=BASE_REPO, tag=base.key,
+        c.api.import_image(src=str(tar), repository=base_repo(), tag=base.key,
                            changes=[f"ENV PATH={PATH}", 'CMD ["/bin/bash"]'])
     progress.say(image, f"base {what:<28} built    {t.seconds:6.1f}s")
     return ref

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..paths import build_dir
 from ..plan import LayerStep
 
 
@@ -45,7 +46,7 @@ class State:
     """build/state/<image>.json: the fingerprints of the last successful build of an image."""
 
     def __init__(self, root: Path, image: str) -> None:
-        self.path = root / "build" / "state" / f"{image}.json"
+        self.path = build_dir(root) / "state" / f"{image}.json"
         try:
             self.old: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError):

@@ -16,9 +16,8 @@ import docker
 import docker.errors
 
 from ..errors import EnvironmentProblem
+from ..paths import build_dir
 
-CACHE_REPO = "nodeforge-cache"
-BASE_REPO = "nodeforge-base"
 SESSION_LABEL = "io.nodeforge.test-session"  # every throwaway container carries it
 
 
@@ -83,9 +82,9 @@ def remove_throwaway_containers() -> list[str]:
 @contextlib.contextmanager
 def image_lock(root: Path, image: str, wait: bool = True) -> Iterator[None]:
     """One build of an image at a time on this machine: an exclusive lock on
-    build/locks/<image>.lock. A second build waits (saying so) or, with wait=False, is refused.
+    <build dir>/locks/<image>.lock. A second build waits (saying so) or, with wait=False, is refused.
     The kernel drops the lock when the holder exits, however it exits."""
-    lock_dir = root / "build" / "locks"
+    lock_dir = build_dir(root) / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"{image}.lock", "a+") as f:
         try:

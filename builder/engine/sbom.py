@@ -17,6 +17,7 @@ import docker
 
 from ..debian import parse_dpkg_status
 from ..errors import BuildFailed
+from ..paths import build_dir
 from ..plan import BuildPlan
 from .client import SESSION_LABEL
 
@@ -29,7 +30,7 @@ _READ = (f"cat /var/lib/dpkg/status; for m in $(find {' '.join(WHEEL_ROOTS)} -pa
 
 
 def path_for(root: Path, image: str) -> Path:
-    return root / "build" / "images" / image / "sbom.spdx.json"
+    return build_dir(root) / "images" / image / "sbom.spdx.json"
 
 
 _OUT = "/tmp/nodeforge-sbom.txt"

@@ -8,15 +8,16 @@ from pathlib import Path
 import docker
 
 from ..errors import BuildFailed
+from ..paths import cache_repo
 from ..plan import digest
 from ..progress import Progress, Timer
-from .client import CACHE_REPO, image_exists
+from .client import image_exists
 
 INITRAMFS_STEP = "RUN update-initramfs -u -k all\n"
 
 
 def step_ref(key: str) -> str:
-    return f"{CACHE_REPO}:{key}"
+    return f"{cache_repo()}:{key}"
 
 
 def engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path,

@@ -22,6 +22,7 @@ from ..definitions.load import Tree
 from ..errors import EnvironmentProblem
 from ..node import assemble
 from ..node.assemble import NodeArtifacts
+from ..paths import build_dir
 from ..plan import BuildPlan, Test
 from . import guest
 from .judges import probe_output
@@ -337,7 +338,7 @@ def run_boot_tests(plan: BuildPlan, tree: Tree, tests: list[Test], modes: tuple[
                    log_dir: Path | None = None) -> list[Result]:
     art = artifacts_for(plan, tree)
     runnable, results = boot_tests(tests)
-    log_dir = log_dir or tree.root / "build" / "boot"
+    log_dir = log_dir or build_dir(tree.root) / "boot"
     for mode in modes:
         print(f"[{plan.image}] boot {mode}: {len(runnable)} checks ...", flush=True)
         o = boot(art, mode, log_dir / f"{plan.image}-{mode}.log", runnable)
