@@ -114,11 +114,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from .node.signing import load_secrets
     from .pipeline import Builder
     from .progress import Progress
 
+    secrets = load_secrets(args.secret or [])  # checked before anything is built
     tree = _tree(args)
-    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked)
+    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked, secrets=secrets)
     results = builder.build(args.images, jobs=args.jobs)
     print("images:")
     for r in results:
@@ -301,6 +303,8 @@ def _build_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sp.add_argument("-j", "--jobs", type=int, default=1, help="independent images built at once")
     sp.add_argument("--locked", action="store_true", help="fail if package resolution would change the lock")
     sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("--secret", action="append", metavar="NAME=PATH", help="a secret read in place, never copied "
+                    "into the image: module-signing=PEM with the key and certificate that sign DKMS modules")
     sp.set_defaults(func=cmd_build)
 
     sp = sub.add_parser("lock", help="resolve every package to an exact version into images/<name>.lock")

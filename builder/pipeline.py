@@ -29,6 +29,7 @@ from .engine.labels import oci_labels
 from .engine.steps import engine_build, initramfs_step, step_ref
 from .errors import BuildFailed
 from .node import assemble
+from .node.signing import Secrets
 from .paths import build_dir
 from .plan import BuildPlan, digest
 from .progress import Progress, Timer
@@ -59,9 +60,10 @@ class BuildResult:
 
 class Builder:
     def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
-                 locked: bool = False, log_dir: Path | None = None) -> None:
+                 locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
         self.locked = locked
+        self.secrets = secrets or Secrets()  # --secret values, checked; the assembler signs with module_signing
         self.log_dir = log_dir or build_dir(tree.root) / "logs"
         self.results: dict[str, BuildResult] = {}
         self._lock = threading.Lock()

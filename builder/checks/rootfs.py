@@ -5,6 +5,8 @@ image is fixed and reported; what a layer should not leave is reported; a root t
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,10 @@ from pathlib import Path
 from .registry import Check, check
 
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+KEY_DIRS = ("etc", "root", "var/lib", "usr/local", "opt", "home")  # where a private key would be kept
+KEY_SCAN_MAX = 64 * 1024  # a key file is small; larger files are not read
+PEM_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+SSH_HOST_KEY = re.compile(r"etc/ssh/ssh_host_[^/]*_key")  # rootfs/ssh-host-keys removes those
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,35 @@ def _host_keys(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / "etc/ssh").glob("ssh_host_*_key*"))
 
 
+def _is_private_key(path: Path) -> bool:
+    name = path.name.lower()
+    if name == "mok.key" or name.endswith(".priv"):  # DKMS's and shim's MOK keys (DER, no PEM marker)
+        return True
+    try:
+        if path.stat().st_size > KEY_SCAN_MAX:
+            return False
+        with path.open("rb") as f:
+            return bool(PEM_PRIVATE_KEY.search(f.read(KEY_SCAN_MAX)))
+    except OSError:
+        return False
+
+
+def _private_keys(root: Path) -> list[str]:
+    found = []
+    for top in KEY_DIRS:
+        base = root / top
+        if base.is_symlink() or not base.is_dir():
+            continue
+        for dirpath, _, files in os.walk(base):  # links to directories are not followed
+            for name in files:
+                path = Path(dirpath, name)
+                rel = str(path.relative_to(root))
+                if not SSH_HOST_KEY.fullmatch(rel) and not path.is_symlink() and path.is_file() \
+                        and _is_private_key(path):
+                    found.append(rel)
+    return sorted(found)
+
+
 def _package_lists(root: Path) -> list[str]:
     d = root / "var/lib/apt/lists"
     return sorted(str(p.relative_to(root)) for p in d.glob("*") if p.is_file() and p.name != "lock") if d.is_dir() \
@@ -119,6 +154,12 @@ ROOTFS_CHECKS: tuple[RootfsCheck, ...] = (
     RootfsCheck(check("rootfs/ssh-host-keys", "assemble", "SSH host keys baked in are shared by every node",
                       "nothing to do: the assembler removes them; the kernel layer makes them on first boot"),
                 _host_keys, _remove),
+    RootfsCheck(check("rootfs/private-key", "assemble",
+                      "a private key (PEM, or a MOK key *.priv / mok.key) is baked in: every node and everyone "
+                      "with the image has it",
+                      "delete it in the layer that makes it (rm in a step); a Secure Boot module signing key is "
+                      "given at build time (nodeforge build --secret module-signing=PATH) and never enters the "
+                      "image"), _private_keys, None, fatal=True),
     RootfsCheck(check("rootfs/package-lists", "assemble", "apt package lists left in the image (tens of MB, stale)",
                       "end the layer's installs with `rm -rf /var/lib/apt/lists/*` (packages: does it)"),
                 _package_lists, None),

@@ -124,6 +124,8 @@ ROOTFS_FAULTS: dict[str, tuple[dict[str, str], str]] = {
     "rootfs/resolv-conf": ({"etc/resolv.conf": ""}, "removed"),
     "rootfs/ssh-host-keys": ({"etc/ssh/ssh_host_ed25519_key": "k", "etc/ssh/ssh_host_ed25519_key.pub": "p"},
                              "removed"),
+    "rootfs/private-key": ({"etc/site.key": "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n-----END PRIVATE KEY-----\n"},
+                           "fatal"),
     "rootfs/package-lists": ({"var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease": "x"}, "left"),
     "rootfs/logs": ({"var/log/dpkg.log": "install x\n"}, "left"),
     "rootfs/one-kernel": ({"boot/vmlinuz-6.1.0-27-amd64": "k"}, "fatal"),
