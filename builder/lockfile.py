@@ -10,6 +10,8 @@ Format (YAML, generated):
     wheels:                 # only for layers with packages.pip
       cuda-base:
         nvidia-cuda-runtime-cu12: {version: 12.9.79, sha256: ..., url: https://..., direct: true}
+    archives:               # the .deb of each resolved package: not part of any step key
+      libssl3: {version: 3.0.20-1~deb12u2, architecture: amd64, sha256: ..., origin: Debian:12.15/oldstable}
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Lock:
     layers: dict[str, dict[str, dict[str, str]]]  # layer -> {"direct": {...}, "deps": {...}}
     # layer -> wheel name -> {"version", "sha256", "url", "direct": "true"|"false"}
     wheels: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # package -> {"version", "architecture", "sha256", "origin"}: the .deb apt resolved, where it said;
+    # origin is apt's release list ("Debian:12.15/oldstable, Debian-Security:12/oldstable-security")
+    archives: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def path_for(root: Path, image: str) -> Path:
@@ -64,7 +69,9 @@ def read(root: Path, image: str) -> Lock | None:
                                     for k, v in (w or {}).items()}
                            for n, w in (entry or {}).items()}
               for layer, entry in (data.get("wheels") or {}).items()}
-    return Lock(str(data.get("image", image)), str(data.get("base", "")), layers, wheels)
+    archives = {str(n): {str(k): str(v) for k, v in (a or {}).items()}
+                for n, a in (data.get("archives") or {}).items()}
+    return Lock(str(data.get("image", image)), str(data.get("base", "")), layers, wheels, archives)
 
 
 def write(root: Path, lock: Lock) -> Path:
@@ -76,6 +83,8 @@ def write(root: Path, lock: Lock) -> Path:
         body["wheels"] = {layer: {n: {"version": w["version"], "sha256": w["sha256"], "url": w["url"],
                                       "direct": w.get("direct") == "true"} for n, w in sorted(ws.items())}
                           for layer, ws in lock.wheels.items() if ws}
+    if lock.archives:
+        body["archives"] = {n: dict(sorted(a.items())) for n, a in sorted(lock.archives.items())}
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -114,18 +123,29 @@ def wheels_locked(lock: Lock | None, layer: str, requirements: list[str]) -> boo
     return all(wheel_name(r) in known for r in requirements)
 
 
-def diff(old: Lock | None, new: Lock) -> list[str]:
-    lines = []
+def _changed_packages(old: Lock | None, new: Lock) -> list[tuple[str, str, str | None, str | None]]:
+    """(layer, package, old version, new version) for every package whose version differs."""
+    out = []
     old_layers = old.layers if old else {}
     for name in sorted(set(old_layers) | set(new.layers)):
         a = {**old_layers.get(name, {}).get("direct", {}), **old_layers.get(name, {}).get("deps", {})}
         b = {**new.layers.get(name, {}).get("direct", {}), **new.layers.get(name, {}).get("deps", {})}
-        for pkg in sorted(set(a) | set(b)):
-            if a.get(pkg) != b.get(pkg):
-                if pkg in a:
-                    lines.append(f"- {name}: {pkg} {a[pkg]}")
-                if pkg in b:
-                    lines.append(f"+ {name}: {pkg} {b[pkg]}")
+        out += [(name, pkg, a.get(pkg), b.get(pkg)) for pkg in sorted(set(a) | set(b)) if a.get(pkg) != b.get(pkg)]
+    return out
+
+
+def diff(old: Lock | None, new: Lock) -> list[str]:
+    lines = []
+    for name, pkg, va, vb in _changed_packages(old, new):
+        if va is not None:
+            lines.append(f"- {name}: {pkg} {va}")
+        if vb is not None:
+            lines.append(f"+ {name}: {pkg} {vb}")
+    return lines + _wheel_diff(old, new)
+
+
+def _wheel_diff(old: Lock | None, new: Lock) -> list[str]:
+    lines = []
     old_wheels = old.wheels if old else {}
     for name in sorted(set(old_wheels) | set(new.wheels)):
         wa, wb = old_wheels.get(name, {}), new.wheels.get(name, {})
@@ -138,3 +158,36 @@ def diff(old: Lock | None, new: Lock) -> list[str]:
                 if vb:
                     lines.append(f"+ {name}: {pkg} {vb[0]} (wheel sha256 {vb[1][:12]})")
     return lines
+
+
+def from_security(origin: str | None) -> bool | None:
+    """Whether apt offered a version from a security archive (an archive named *-security or the
+    Debian-Security origin); None when the origin is not known."""
+    if not origin:
+        return None
+    releases = [r.strip() for r in origin.split(",") if r.strip()]
+    return any(r.split(":", 1)[0].endswith("-Security") or r.rsplit("/", 1)[-1].endswith("-security")
+               for r in releases)
+
+
+def _origin_note(lock: Lock, pkg: str, version: str) -> str:
+    info = lock.archives.get(pkg, {})
+    origin = info.get("origin", "") if info.get("version") == version else ""
+    security = from_security(origin)
+    if security is None:
+        return "[origin unknown]"
+    return f"[{'security' if security else 'not security'}: {origin}]"
+
+
+def drift(old: Lock | None, new: Lock) -> list[str]:
+    """What `lock --check` prints: per changed package of a layer, the old and the new version and
+    whether the new one comes from a security archive (from the new resolution's origins)."""
+    lines = []
+    for name, pkg, va, vb in _changed_packages(old, new):
+        if vb is None:
+            lines.append(f"- {name}: {pkg} {va} (no longer installed)")
+        elif va is None:
+            lines.append(f"+ {name}: {pkg} {vb} {_origin_note(new, pkg, vb)}")
+        else:
+            lines.append(f"~ {name}: {pkg} {va} -> {vb} {_origin_note(new, pkg, vb)}")
+    return lines + _wheel_diff(old, new)

@@ -21,7 +21,17 @@ from .client import END_MARK, finished_output
 from .trust import extra_ca
 
 _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)")
+# the release list and architecture of an Inst line: "(1.2-3 Debian:12.15/oldstable, Debian-Security:... [amd64])"
+_INST_ORIGIN = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\(\S+ ?(.*?) ?\[([^\]]+)\]\)")
 _MARK = "@@nodeforge-layer "
+_ARCHIVES = "@@nodeforge-archives"
+_SEEN = "/tmp/nodeforge-resolved"
+# name=version of every package simulated or already there, then apt's record of that .deb
+_ARCHIVE_SCRIPT = (f"echo {_ARCHIVES}\n"
+                   "sed -nE 's/^Inst ([^ ]+) (\\[[^]]*\\] )?\\(([^ ]+).*/\\1=\\3/p; "
+                   "s/^Have ([^ ]+) ([^ ]+)$/\\1=\\2/p' "
+                   f"{_SEEN} 2>/dev/null | sort -u | xargs -r apt-cache show 2>/dev/null "
+                   "| grep -E '^(Package|Version|Architecture|SHA256):' || true")
 
 
 def _script(plan: BuildPlan) -> str:
@@ -33,8 +43,10 @@ def _script(plan: BuildPlan) -> str:
         lines.append(f"echo {shlex.quote(_MARK + step.layer)}")
         if cumulative:
             pkgs = " ".join(shlex.quote(p) for p in cumulative)
-            lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' || true")
-            lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null || true")
+            keep = f"tee -a {_SEEN}"
+            lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' | {keep} || true")
+            lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null | {keep} || true")
+    lines.append(_ARCHIVE_SCRIPT)
     lines.append(f"echo {END_MARK}")
     return "\n".join(lines) + "\n"
 
@@ -94,7 +106,26 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
         layers[step.layer] = {"direct": direct, "deps": {k: v for k, v in new.items() if k not in direct}}
         seen.update(new)
     progress.say(plan.image, f"resolved {len(seen)} packages in {t.seconds:.1f}s")
-    return Lock(plan.image, plan.base.key, layers, resolve_wheels(c, plan, base_ref, progress))
+    locked = {p for e in layers.values() for part in e.values() for p in part.items()}
+    return Lock(plan.image, plan.base.key, layers, resolve_wheels(c, plan, base_ref, progress),
+                archives(stdout, locked))
+
+
+def archives(stdout: str, locked: set[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    """package -> {version, architecture, sha256, origin} of each locked (package, version): the
+    origin from apt's Inst line, the rest from `apt-cache show`; only what apt said."""
+    found: dict[str, dict[str, str]] = {}
+    head, _, records = stdout.partition(_ARCHIVES)
+    for line in head.splitlines():
+        if m := _INST_ORIGIN.match(line):
+            found.setdefault(m.group(1), {})["origin"] = m.group(2).strip()
+    for record in records.split("Package: ")[1:]:
+        fields = dict(x.split(": ", 1) for x in ("Package: " + record).splitlines() if ": " in x)
+        name, version = fields.get("Package", ""), fields.get("Version", "")
+        if (name, version) in locked and "SHA256" in fields:
+            found.setdefault(name, {}).update(version=version, architecture=fields.get("Architecture", ""),
+                                              sha256=fields["SHA256"])
+    return {n: a for n, a in sorted(found.items()) if "version" in a}
 
 
 # --- wheels ---------------------------------------------------------------------------------------
