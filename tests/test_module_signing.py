@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,6 +22,7 @@ from builder.node.signing import MAGIC, SigningKey, sign_modules, split_signatur
 
 KVER = "6.1.0-28-amd64"
 CN = "nodeforge test module signing"
+FIXTURES = Path(__file__).parent / "fixtures" / "module-signing"
 
 pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="openssl is not installed on this host")
 
@@ -107,6 +109,34 @@ def test_a_signed_module_carries_the_kernels_trailer_and_verifies(tmp_path: Path
                   "-signer", str(keys[1]), "-inkey", str(keys[0]), "-in", str(tmp_path / "plain.ko"))
     assert cli.returncode == 0 and split_signature(data)[1] == cli.stdout
     assert verify(module, keys[1], tmp_path).returncode == 0
+
+
+def asn1_shape(der: bytes) -> list[str]:
+    """Depth, type and object names of a DER structure: its shape without lengths or values."""
+    out = openssl("asn1parse", "-inform", "DER", stdin=der)
+    assert out.returncode == 0, out.stderr
+    shape = []
+    for line in out.stdout.decode().splitlines():
+        m = re.match(r"\s*\d+:d=(\d+)\s+hl=\s*\d+\s+l=\s*\d+\s+(prim|cons):\s*(.*?)\s*(?::(.*))?$", line)
+        assert m, line
+        depth, kind, typ, value = m.groups()
+        shape.append(f"{depth} {kind} {typ.strip()}" + (f" {value}" if typ.strip() == "OBJECT" else ""))
+    return shape
+
+
+def test_the_signature_has_the_shape_of_the_kernels_own(tmp_path: Path, key: SigningKey) -> None:
+    """Debian's kernel build signed loop.ko with scripts/sign-file: ours parses the same way and its CMS
+    structure is the same (sha256, issuer and serial, no certificates, no signed attributes)."""
+    trailer = (FIXTURES / "debian-loop.ko.trailer").read_bytes()
+    content, debian = split_signature(b"\x7fELF module body" + trailer)
+    assert content == b"\x7fELF module body" and debian is not None and len(debian) == 681
+    root = tree_with(tmp_path, {"updates/dkms/nftest.ko": tiny_module("nftest")})
+    sign_modules(root, KVER, key)
+    module = (root / "usr/lib/modules" / KVER / "updates/dkms/nftest.ko").read_bytes()
+    ours = split_signature(module)[1]
+    assert ours is not None and asn1_shape(ours) == asn1_shape(debian)
+    header = slice(-len(MAGIC) - 12, -len(MAGIC) - 4)  # algo, hash, id_type, signer_len, key_id_len, pad[3]
+    assert module[header] == trailer[header] == bytes([0, 0, 2, 0, 0, 0, 0, 0])
 
 
 def test_modinfo_names_the_certificates_signer(tmp_path: Path, key: SigningKey) -> None:
