@@ -200,7 +200,7 @@ def module_dirs(rootfs: Path, kver: str) -> list[Path]:
     return found
 
 
-def unsigned_candidates(rootfs: Path, kver: str) -> list[Path]:
+def module_files(rootfs: Path, kver: str) -> list[Path]:
     """Every module file under updates/ (links are refused, compressed modules too)."""
     modules: list[Path] = []
     for d in module_dirs(rootfs, kver):
@@ -256,6 +256,6 @@ def install_certificate(rootfs: Path, key: SigningKey) -> Path:
 def sign_modules(rootfs: Path, kver: str, key: SigningKey) -> list[str]:
     """Sign every module under /lib/modules/<kver>/updates that key has not signed yet and put the
     certificate in the tree; returns the paths signed (relative to the tree)."""
-    signed = [str(m.relative_to(rootfs.resolve())) for m in unsigned_candidates(rootfs, kver) if sign_module(m, key)]
+    signed = [str(m.relative_to(rootfs.resolve())) for m in module_files(rootfs, kver) if sign_module(m, key)]
     install_certificate(rootfs, key)
     return signed
