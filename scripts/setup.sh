@@ -9,8 +9,8 @@ APT_PACKAGES=(
   docker.io mmdebstrap                                  # engine and bases
   qemu-system-x86 qemu-utils ovmf                       # boot verification, disk conversion
   grub-efi-amd64-bin grub-pc-bin mtools dosfstools      # bootloaders and the ESP, written without mounting
-  e2fsprogs fdisk                                       # root filesystem from a directory, GPT
-  docker-registry                                       # a real registry on 127.0.0.1 for publish tests
+  e2fsprogs fdisk pigz                                  # root filesystem from a directory, GPT; the root archive on every core
+  docker-registry skopeo                                # a real registry on 127.0.0.1 for publish tests; OCI layouts copied by digest
   prometheus                                            # promtool for alert rules
   packer                                                # Packer export is validated and built for real
   openssh-client                                        # ssh-keygen: the key Packer logs in with

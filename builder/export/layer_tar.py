@@ -1,0 +1,107 @@
+"""One image layer rewritten so that two clean builds give the same bytes: entries sorted by name
+(hard links after the files they point to), times clamped to SOURCE_DATE_EPOCH, numeric owners
+only, no pax times, build-host leftovers dropped, gzip without name or time at a fixed level."""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import struct
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+GZIP_LEVEL = 6
+# written by the package tools at build time; they differ between any two builds
+DROPPED = (
+    "var/cache/ldconfig/aux-cache",
+    "var/log/dpkg.log",
+    "var/log/alternatives.log",
+    "var/log/apt/*",
+    "var/cache/debconf/*-old",
+    "var/lib/dpkg/*-old",
+)
+_KEPT_PAX = "SCHILY.xattr."  # extended attributes (file capabilities) stay; times and names go
+
+
+@dataclass(frozen=True)
+class Blob:
+    digest: str  # sha256:... of the compressed layer
+    diff_id: str  # sha256:... of the uncompressed tar
+    size: int  # compressed bytes
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what passes through it."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out, self.sha, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def dropped(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in DROPPED)
+
+
+def stale_pyc(name: str, head: bytes, epoch: int) -> bool:
+    """A timestamp-based .pyc compiled from a source written during the build: once the source's
+    time is clamped, Python no longer accepts it (and its bytes name the build's clock), so it goes.
+    A .pyc of a packaged source (time before the epoch) or a hash-based one stays."""
+    if not name.endswith(".pyc") or "__pycache__/" not in name or len(head) < 16:
+        return False
+    flags, source_mtime = struct.unpack("<II", head[4:12])
+    return flags & 1 == 0 and source_mtime > epoch
+
+
+def _entry(m: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
+    e = tarfile.TarInfo(m.name)
+    e.type, e.mode, e.uid, e.gid = m.type, m.mode, m.uid, m.gid
+    e.size = m.size if m.isreg() else 0
+    e.linkname, e.devmajor, e.devminor = m.linkname, m.devmajor, m.devminor
+    e.mtime = min(int(m.mtime), epoch)
+    e.uname = e.gname = ""
+    e.pax_headers = {k: m.pax_headers[k] for k in sorted(m.pax_headers) if k.startswith(_KEPT_PAX)}
+    return e
+
+
+def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
+    """The entries that stay, in their written order: sorted by name, hard links last."""
+    kept = []
+    for m in src.getmembers():
+        name = m.name.removeprefix("./")
+        if dropped(name):
+            continue
+        if m.isreg() and name.endswith(".pyc"):
+            f = src.extractfile(m)
+            if f is not None and stale_pyc(name, f.read(16), epoch):
+                continue
+        kept.append(m)
+    return sorted(kept, key=lambda m: (m.islnk(), m.name.removeprefix("./")))
+
+
+def normalise(layer: Path, out: Path, epoch: int) -> Blob:
+    """Write `layer` (an uncompressed tar) normalised and gzip-compressed to `out`."""
+    with tarfile.open(layer) as src, out.open("wb") as raw:
+        packed = _Hashing(raw)
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=packed,
+                           mtime=0) as gz:
+            plain = _Hashing(gz)  # type: ignore[arg-type]
+            with tarfile.TarFile(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[arg-type]
+                                 encoding="utf-8") as dst:
+                for m in kept_members(src, epoch):
+                    e = _entry(m, epoch)
+                    e.name = m.name.removeprefix("./")
+                    dst.addfile(e, src.extractfile(m) if m.isreg() else None)
+    return Blob(f"sha256:{packed.sha.hexdigest()}", f"sha256:{plain.sha.hexdigest()}", packed.size)

@@ -1,0 +1,196 @@
+"""Normalised OCI images: a built image read from the engine (docker save) and written as an OCI
+image layout (oci-layout, index.json, blobs/sha256) whose bytes depend only on the image's content
+and SOURCE_DATE_EPOCH. Its manifest digest is the image's reproducible digest: two clean builds of
+the same definitions and lock give the same one.
+
+Layers: see layer_tar. Config: `created` and every history entry at the epoch; the engine's
+leftovers (container, container_config, docker_version, hostname) dropped; COPY sources named
+without the legacy builder's context hash (it depends on file times); the base named without a
+build's engine namespace and without its engine id (an import-time value, not a registry digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from ..errors import BuildFailed, EnvironmentProblem, UsageError
+from . import layer_tar
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+REF_NAME = "org.opencontainers.image.ref.name"
+IMAGE_NAME = "io.containerd.image.name"  # the full reference, as containerd's exports name it
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
+# the parts of an engine config the OCI image spec defines; the rest is engine state
+CONFIG_KEYS = ("User", "ExposedPorts", "Env", "Entrypoint", "Cmd", "Volumes", "WorkingDir", "Labels", "StopSignal")
+_COPY_HASH = re.compile(r"\b(COPY|ADD) (dir|file|multi):[0-9a-f]{64}")
+_NAMESPACED = re.compile(r"\bnodeforge-(base|cache)-[a-z0-9._-]+:")
+_BASE_DIGEST = re.compile(r" ?" + re.escape(BASE_DIGEST_LABEL) + r"=sha256:[0-9a-f]{64}")
+
+
+def canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def epoch_time(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def scrub(text: str) -> str:
+    """A history line or label value without what differs between two builds of the same content."""
+    text = _COPY_HASH.sub(r"\1 \2", text)
+    text = _NAMESPACED.sub(r"nodeforge-\1:", text)
+    return _BASE_DIGEST.sub("", text)
+
+
+def normalise_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> dict[str, Any]:
+    when = epoch_time(epoch)
+    inner = config.get("config") or {}
+    run = {k: inner[k] for k in CONFIG_KEYS if inner.get(k) not in (None, "", [], {})}
+    if "Labels" in run:
+        run["Labels"] = {k: scrub(v) for k, v in run["Labels"].items() if k != BASE_DIGEST_LABEL}
+    history = []
+    for h in config.get("history") or []:
+        entry: dict[str, Any] = {"created": when, "created_by": scrub(h.get("created_by", ""))}
+        for key in ("author", "comment"):
+            if h.get(key):
+                entry[key] = h[key]
+        if h.get("empty_layer"):
+            entry["empty_layer"] = True
+        history.append(entry)
+    if history and sum(1 for h in history if not h.get("empty_layer")) != len(diff_ids):
+        raise BuildFailed(f"the image's history names {sum(1 for h in history if not h.get('empty_layer'))} "
+                          f"layers, its root filesystem has {len(diff_ids)}; rebuild it")
+    out = {"architecture": config.get("architecture", "amd64"), "os": config.get("os", "linux"), "created": when,
+           "config": run, "rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}
+    if config.get("variant"):
+        out["variant"] = config["variant"]
+    return out
+
+
+class _Stream:
+    """The engine's `docker save` chunks as a readable file."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.buffer = chunks, b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buffer) < n:
+            chunk = next(self.chunks, b"")
+            if not chunk:
+                break
+            self.buffer += chunk
+        n = len(self.buffer) if n < 0 else n
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+
+def save(c: docker.DockerClient, ref: str, into: Path) -> tuple[dict[str, Any], list[Path]]:
+    """The image's config and its layer tars (in order), unpacked from `docker save` into `into`."""
+    try:
+        chunks = c.api.get_image(ref, chunk_size=1 << 20)
+        with tarfile.open(fileobj=_Stream(iter(chunks)), mode="r|") as t:  # type: ignore[call-overload]
+            t.extractall(into, filter="data")
+    except docker.errors.ImageNotFound:
+        raise EnvironmentProblem(f"{ref} is not in the engine; build it first (`nodeforge build`)") from None
+    (entry,) = json.loads((into / "manifest.json").read_text())
+    config = json.loads((into / entry["Config"]).read_text())
+    return config, [into / p for p in entry["Layers"]]
+
+
+def _blob(layout: Path, data: bytes) -> dict[str, Any]:
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def write_layout(c: docker.DockerClient, source: str, ref: str, epoch: int, layout: Path, work: Path) -> str:
+    """Normalise the engine image `source` into the (new, empty) directory `layout`, named `ref`
+    there; returns the manifest digest."""
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    config, layers = save(c, source, work)
+    descriptors, diff_ids = [], []
+    for i, layer in enumerate(layers):
+        tmp = blobs / f".layer-{i}"
+        b = layer_tar.normalise(layer, tmp, epoch)
+        os.replace(tmp, blobs / b.digest.removeprefix("sha256:"))
+        layer.unlink()
+        descriptors.append({"mediaType": LAYER_TYPE, "digest": b.digest, "size": b.size})
+        diff_ids.append(b.diff_id)
+    cfg = _blob(layout, canonical(normalise_config(config, diff_ids, epoch)))
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": {"mediaType": CONFIG_TYPE, **cfg},
+                "layers": descriptors}
+    man = _blob(layout, canonical(manifest))
+    tag = ref.rpartition(":")[2] if ":" in ref.rpartition("/")[2] else "latest"
+    index = {"schemaVersion": 2, "mediaType": INDEX_TYPE,
+             "manifests": [{"mediaType": MANIFEST_TYPE, **man, "annotations": {REF_NAME: tag, IMAGE_NAME: ref}}]}
+    (layout / "index.json").write_bytes(canonical(index))
+    (layout / "oci-layout").write_bytes(canonical({"imageLayoutVersion": "1.0.0"}))
+    return str(man["digest"])
+
+
+def export(c: docker.DockerClient, ref: str, epoch: int, out: Path, source: str | None = None) -> str:
+    """Write the image `ref` (or the engine image `source`, named `ref`) as a normalised OCI layout
+    to `out`, atomically (a complete layout or none); an existing layout there is replaced, any other
+    existing content is refused. Returns the manifest digest."""
+    out = out.absolute()
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "oci-layout").is_file())):
+        raise UsageError(f"{out} exists and is not an OCI layout; give a new or empty directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        layout, work = Path(tmp) / "layout", Path(tmp) / "saved"
+        work.mkdir()
+        digest = write_layout(c, source or ref, ref, epoch, layout, work)
+        if out.exists():
+            os.replace(out, Path(tmp) / "old")
+        os.replace(layout, out)
+    return digest
+
+
+def manifest_digest(layout: Path) -> str:
+    index = json.loads((layout / "index.json").read_text())
+    return str(index["manifests"][0]["digest"])
+
+
+def layout_repository(layout: Path) -> str:
+    """The repository the layout's image was exported from (its image-name annotation, tag cut off)."""
+    index = json.loads((layout / "index.json").read_text())
+    name = str(index["manifests"][0].get("annotations", {}).get(IMAGE_NAME, ""))
+    repo, sep, tag = name.rpartition(":")
+    return repo if sep and "/" not in tag else name
+
+
+def import_layout(layout: Path, registry: str, repository: str | None = None) -> str:
+    """Copy the layout's image into `registry` by digest with skopeo; returns the pushed reference."""
+    if shutil.which("skopeo") is None:
+        raise EnvironmentProblem("skopeo is not installed; install it (Debian package skopeo, `make setup`)")
+    if not (layout / "oci-layout").is_file():
+        raise UsageError(f"{layout} is not an OCI layout (no oci-layout file); write one with `nodeforge export oci`")
+    digest = manifest_digest(layout)
+    repository = repository or layout_repository(layout)
+    if not repository:
+        raise UsageError(f"{layout} names no repository; give --repository NAME")
+    dest = f"{registry.rstrip('/')}/{repository}@{digest}"
+    host = registry.split("/")[0].rsplit(":", 1)[0]
+    tls = ["--dest-tls-verify=false"] if host in ("127.0.0.1", "localhost", "[::1]") else []
+    proc = subprocess.run(["skopeo", "copy", "--preserve-digests", *tls, f"oci:{layout}", f"docker://{dest}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildFailed(f"skopeo could not copy {layout} to {dest}:\n{proc.stderr.strip()[-2000:]}")
+    return dest
