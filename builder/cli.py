@@ -158,8 +158,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
     current = lock.read(tree.root, image.name)
     changes = lock.diff(current, fresh)
     if args.check:
-        if changes:
-            print("\n".join(changes))
+        if changes:  # per package: old -> new version, and whether the new one is a security update
+            print("\n".join(lock.drift(current, fresh)))
             return 1
         print(f"{image.name}: lock is current")
         return 0
@@ -246,12 +246,11 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .diff import diff
-    from .engine import client as engine
+    from .diff import report
 
-    lines = diff(engine.client(), args.a, args.b, all_files=args.all)
+    lines, changed = report(args.a, args.b, args.format, args.all)
     print("\n".join(lines))
-    return 0 if len(lines) == 2 else 1
+    return 1 if changed else 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -351,11 +350,12 @@ def _publish_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sp.add_argument("--registry", "-r", default=None, help="HOST[:PORT][/PATH] (default: the config's site.registry)")
     sp.set_defaults(func=cmd_push)
 
-    sp = sub.add_parser("diff", help="what changed between two built images (packages, sysctl, kernel "
-                        "arguments, modules, services, env, labels, files); exit 1 when they differ")
-    sp.add_argument("a", help="image tag or id")
-    sp.add_argument("b", help="image tag or id")
+    sp = sub.add_parser("diff", help="what changed between two built images or two rollout manifests (*.json: "
+                        "no engine needed); exit 1 when they differ")
+    sp.add_argument("a", help="image tag or id, or a manifest.json")
+    sp.add_argument("b", help="image tag or id, or a manifest.json")
     sp.add_argument("--all", action="store_true", help="list every changed file")
+    sp.add_argument("--format", choices=("text", "markdown"), default="text", help="markdown: for a review")
     sp.set_defaults(func=cmd_diff)
 
 

@@ -1,5 +1,6 @@
 """`nodeforge diff A B`: what changed between two built images, the question every rollout
-review asks. Reads both file systems and configs from the engine; runs nothing in them."""
+review asks. Reads both file systems and configs from the engine; runs nothing in them.
+Two rollout manifests (paths ending in .json) are compared without the engine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shlex
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -17,7 +19,9 @@ from .compose.contributions import KINDS
 from .engine import client as engine
 from .engine.client import SESSION_LABEL
 from .engine.recorded import recorded
-from .errors import EnvironmentProblem
+from .errors import EnvironmentProblem, UsageError
+from .manifest import compare
+from .manifest import document as manifest
 
 # churn that says nothing about what a node runs
 _IGNORED = re.compile(r"^(var/lib/dpkg/|var/log/|var/cache/|var/lib/apt/|etc/ld\.so\.cache$|usr/lib/nodeforge/layers/)")
@@ -113,9 +117,13 @@ def _built_from(labels: dict[str, str]) -> str:
     return f"; plan {rec.key[:12]}" + (f", built with {flags}" if flags else "")
 
 
+def _header(ref: str, snap: Snapshot) -> str:
+    return f"{ref} ({snap.id[7:19]}{_built_from(snap.labels)})"
+
+
 def diff(c: docker.DockerClient, ref_a: str, ref_b: str, all_files: bool = False) -> list[str]:
     a, b = snapshot(c, ref_a), snapshot(c, ref_b)
-    out = [f"--- {ref_a} ({a.id[7:19]}{_built_from(a.labels)})", f"+++ {ref_b} ({b.id[7:19]}{_built_from(b.labels)})"]
+    out = [f"--- {_header(ref_a, a)}", f"+++ {_header(ref_b, b)}"]
     for kind in KINDS:  # every contribution kind that can be read back from a built image
         if kind.diff is None:
             continue
@@ -128,8 +136,75 @@ def diff(c: docker.DockerClient, ref_a: str, ref_b: str, all_files: bool = False
     fb = {k: "/".join(v) for k, v in b.files.items()}
     files = [line for line in _map_diff("files", fa, fb)[1:]]
     if files:
-        shown = files if all_files else [ln for ln in files if re.match(r"  . (etc|usr/lib/nodeforge|usr/local)/", ln)]
+        shown = files if all_files else [ln for ln in files if re.match(_SHOWN, ln[4:])]
         out.append(f"files: {len(files)} changed" + ("" if all_files else f" ({len(shown)} under /etc, "
                                                       "/usr/local and /usr/lib/nodeforge shown; --all for every one)"))
         out += [re.sub(r" ([0-7]{4}|link)/(\S{12})\S*", r" \1/\2", ln) for ln in shown]
     return out
+
+
+_SHOWN = r"(etc|usr/lib/nodeforge|usr/local)/"
+
+
+def _short_file(value: tuple[str, str]) -> str:
+    return f"{value[0]}/{value[1][:12]}"
+
+
+def diff_markdown(c: docker.DockerClient, ref_a: str, ref_b: str,
+                  all_files: bool = False) -> tuple[list[str], bool]:
+    """The same comparison as a review-ready Markdown summary; (lines, whether anything changed)."""
+    a, b = snapshot(c, ref_a), snapshot(c, ref_b)
+    sections = []
+    for kind in KINDS:
+        if kind.diff is None:
+            continue
+        va, vb = kind.diff.extract(a), kind.diff.extract(b)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            sections.append(compare.keyed(kind.diff.title, va, vb))
+        else:
+            sections.append(compare.unordered(kind.diff.title, set(va), set(vb)))
+    keep = (lambda path: True) if all_files else (lambda path: bool(re.match(_SHOWN, path)))
+    sections.append(compare.keyed("files" if all_files else "files under /etc, /usr/local and /usr/lib/nodeforge",
+                                  {k: _short_file(v) for k, v in a.files.items() if keep(k)},
+                                  {k: _short_file(v) for k, v in b.files.items() if keep(k)}))
+    facts = [("image", ref_a, ref_b), ("engine id", a.id[7:19], b.id[7:19]),
+             ("built from", _built_from(a.labels).lstrip("; "), _built_from(b.labels).lstrip("; "))]
+    return compare.markdown(f"Rollout review: {ref_a} → {ref_b}", facts, sections), compare.changed(sections)
+
+
+def is_manifest(arg: str) -> bool:
+    return arg.endswith(".json")
+
+
+def diff_manifests(path_a: str, path_b: str, fmt: str = "text") -> tuple[list[str], bool]:
+    """Two rollout manifests compared without the engine; (lines, whether anything changed)."""
+    docs = []
+    for path in (path_a, path_b):
+        try:
+            docs.append(manifest.load(Path(path)))
+        except OSError as e:
+            raise UsageError(f"cannot read the manifest {path}: {e.strerror}; give the manifest.json a build "
+                             "wrote (build/images/<image>/manifest.json)") from None
+        except ValueError as e:
+            raise UsageError(f"{path}: {e}; give the manifest.json a build wrote "
+                             "(build/images/<image>/manifest.json)") from None
+    a, b = docs
+    sections = compare.compare(a, b)
+    if fmt == "markdown":
+        return compare.markdown_for(path_a, path_b, a, b), compare.changed(sections)
+    return compare.text(compare.describe(path_a, a), compare.describe(path_b, b), sections), compare.changed(sections)
+
+
+def report(a: str, b: str, fmt: str = "text", all_files: bool = False) -> tuple[list[str], bool]:
+    """`nodeforge diff A B`: two manifests (paths ending in .json, no engine needed) or two built
+    images, as text or Markdown; (lines, whether anything changed)."""
+    if is_manifest(a) or is_manifest(b):
+        if not (is_manifest(a) and is_manifest(b)):
+            raise UsageError(f"diff compares two manifests (paths ending in .json) or two built images, not one of "
+                             f"each: {a} {b}")
+        return diff_manifests(a, b, fmt)
+    c = engine.client()
+    if fmt == "markdown":
+        return diff_markdown(c, a, b, all_files)
+    lines = diff(c, a, b, all_files)
+    return lines, len(lines) > 2

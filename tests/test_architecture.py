@@ -25,6 +25,7 @@ RANKS: list[set[str]] = [
     {"repro"},
     {"export"},
     {"pipeline", "verify", "publish", "diff"},
+    {"manifest"},
     {"node"},
     {"engine"},
     {"compose"},

@@ -1,0 +1,215 @@
+"""What changed between two rollout manifests, without the engine: the build's identity, layers
+(by key), parameters (value and where it was set), packages, wheels, the kernel command line and
+the outputs. Printed as text (the default of `nodeforge diff`) or as Markdown for a review."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# the build's identity: (manifest field, what a reader calls it)
+_IDENTITY = (("image", "image"), ("kind", "kind"), ("version", "version"), ("config", "config"),
+             ("sets", "--set"), ("plan_key", "plan key"), ("engine_image_id", "engine image id"),
+             ("registry_digest", "registry digest"), ("base", "base"), ("lock", "lock"),
+             ("inherited_locks", "locks of parent images"), ("source", "source revision"),
+             ("builder", "builder"))
+
+
+@dataclass(frozen=True)
+class Change:
+    op: str  # "+" added, "-" removed, "~" changed
+    item: str
+    old: str = ""
+    new: str = ""
+    note: str = ""
+
+
+@dataclass
+class Section:
+    title: str
+    changes: list[Change] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {op: sum(c.op == op for c in self.changes) for op in "+-~"}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _short(value: Any) -> str:
+    text = _show(value)
+    return text.removeprefix("sha256:")[:12] if len(text) >= 40 and " " not in text else text
+
+
+def _identity(a: dict[str, Any], b: dict[str, Any]) -> Section:
+    s = Section("build")
+    for key, title in _IDENTITY:
+        va, vb = a.get(key), b.get(key)
+        if va == vb:
+            continue
+        if key == "lock" or key == "source":
+            va, vb = _summary(key, va), _summary(key, vb)
+        s.changes.append(Change("~", title, _short(va) if key != "sets" else _show(va),
+                                _short(vb) if key != "sets" else _show(vb)))
+    return s
+
+
+def _summary(key: str, value: Any) -> str:
+    if not value:
+        return "none"
+    if key == "lock":
+        return f"{value['path']} sha256 {value['sha256'][:12]}"
+    return value["revision"][:12] + (" (dirty)" if value.get("dirty") else "")
+
+
+def keyed(title: str, a: dict[str, str], b: dict[str, str],
+           notes: tuple[dict[str, str], dict[str, str]] | None = None) -> Section:
+    s = Section(title)
+    for k in sorted(set(a) | set(b)):
+        na, nb = (notes[0].get(k, ""), notes[1].get(k, "")) if notes else ("", "")
+        if k not in b:
+            s.changes.append(Change("-", k, old=a[k], note=na))
+        elif k not in a:
+            s.changes.append(Change("+", k, new=b[k], note=nb))
+        elif a[k] != b[k]:
+            s.changes.append(Change("~", k, a[k], b[k], na if na == nb else f"{na} -> {nb}"))
+    return s
+
+
+def unordered(title: str, a: set[str], b: set[str]) -> Section:
+    return Section(title, [Change("-", x) for x in sorted(a - b)] + [Change("+", x) for x in sorted(b - a)])
+
+
+def _layers(doc: dict[str, Any]) -> dict[str, str]:
+    return {x["name"]: _short(x["key"]) if x.get("key") else f"from image {x.get('image')}" for x in doc["layers"]}
+
+
+def _parameters(doc: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    values, sources = {}, {}
+    for layer in doc["layers"]:
+        for name, p in layer.get("parameters", {}).items():
+            values[f"{layer['name']}.{name}"] = _show(p["value"])
+            sources[f"{layer['name']}.{name}"] = p.get("source", "")
+    return values, sources
+
+
+def _packages(doc: dict[str, Any]) -> dict[str, str]:
+    return {p["name"] + (f":{p['architecture']}" if p.get("architecture") else ""): p["version"]
+            for p in doc["packages"]}
+
+
+def _wheels(doc: dict[str, Any]) -> dict[str, str]:
+    return {w["name"]: f"{w['version']} (sha256 {str(w.get('sha256'))[:12]})" for w in doc["wheels"]}
+
+
+def _cmdline(a: dict[str, Any], b: dict[str, Any]) -> Section:
+    s = Section("kernel command line")
+    ca, cb = a.get("kernel_cmdline") or "", b.get("kernel_cmdline") or ""
+    if ca == cb:
+        return s
+    ta, tb = ca.split(), cb.split()
+    s.changes += [Change("-", t, old=t) for t in ta if t not in tb]
+    s.changes += [Change("+", t, new=t) for t in tb if t not in ta]
+    if not s.changes:
+        s.changes.append(Change("~", "order", ca, cb))
+    return s
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> list[Section]:
+    """Every section, changed or not (renderers leave out the empty ones)."""
+    pa, pb = _parameters(a), _parameters(b)
+    outputs = [{k: _short(v["sha256"]) for k, v in d["outputs"].items()} for d in (a, b)]
+    return [
+        _identity(a, b),
+        keyed("layers", _layers(a), _layers(b)),
+        keyed("parameters", pa[0], pb[0], (pa[1], pb[1])),
+        keyed("packages", _packages(a), _packages(b)),
+        keyed("wheels", _wheels(a), _wheels(b)),
+        _cmdline(a, b),
+        keyed("outputs", outputs[0], outputs[1]),
+    ]
+
+
+def changed(sections: list[Section]) -> bool:
+    return any(s.changes for s in sections)
+
+
+# --- text -----------------------------------------------------------------------------------------
+def _line(c: Change) -> str:
+    note = f" ({c.note})" if c.note else ""
+    if c.op == "~":
+        return f"  ~ {c.item} {c.old} -> {c.new}{note}"
+    value = c.old if c.op == "-" else c.new
+    return f"  {c.op} {c.item}" + (f" {value}" if value and value != c.item else "") + note
+
+
+def text(title_a: str, title_b: str, sections: list[Section]) -> list[str]:
+    out = [f"--- {title_a}", f"+++ {title_b}"]
+    for s in sections:
+        if s.changes:
+            out += [f"{s.title}:", *(_line(c) for c in s.changes)]
+    return out
+
+
+def describe(path: str, doc: dict[str, Any]) -> str:
+    """The headline of one side: file, image, version, plan key, source revision."""
+    rev = doc.get("source")
+    return (f"{path} ({doc['image']} {doc['version']}, plan {doc['plan_key'][:12]}"
+            + (f", revision {_summary('source', rev)}" if rev else "") + ")")
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+_OPS = {"+": "added", "-": "removed", "~": "changed"}
+
+
+def cell(value: str) -> str:
+    """A table cell: pipes escaped, one line, code formatting where it is safe."""
+    v = " ".join(value.split()).replace("|", "\\|")
+    return f"`{v}`" if v and "`" not in v else v
+
+
+def headline(sections: list[Section]) -> str:
+    parts = []
+    for s in sections:
+        n = s.counts()
+        total = sum(n.values())
+        detail = ", ".join(f"{n[op]} {_OPS[op]}" for op in "+-~" if n[op])
+        parts.append(f"**{s.title}**: " + (f"{total} ({detail})" if total else "unchanged"))
+    return " · ".join(parts)
+
+
+def markdown(title: str, facts: list[tuple[str, str, str]], sections: list[Section]) -> list[str]:
+    """A review-ready summary: a title, the two sides, headline counts, then one table per section
+    that changed."""
+    out = [f"## {title}", "", "| | before | after |", "|---|---|---|"]
+    out += [f"| {name} | {cell(a)} | {cell(b)} |" for name, a, b in facts]
+    out += ["", headline(sections) if changed(sections) else "**No changes.**"]
+    for s in sections:
+        if not s.changes:
+            continue
+        notes = any(c.note for c in s.changes)
+        out += ["", f"### {s.title[0].upper()}{s.title[1:]}", "",
+                "| change | item | before | after |" + (" where set |" if notes else ""),
+                "|---|---|---|---|" + ("---|" if notes else "")]
+        for c in s.changes:
+            row = f"| {_OPS[c.op]} | {cell(c.item)} | {cell(c.old)} | {cell(c.new)} |"
+            out.append(row + (f" {cell(c.note) if c.note else ''} |" if notes else ""))
+    return out
+
+
+def markdown_for(path_a: str, path_b: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    def rev(d: dict[str, Any]) -> str:
+        return _summary("source", d.get("source")) if d.get("source") else "unknown"
+
+    def lock(d: dict[str, Any]) -> str:
+        return _summary("lock", d.get("lock"))
+
+    facts = [("manifest", path_a, path_b), ("image", f"{a['image']} {a['version']}", f"{b['image']} {b['version']}"),
+             ("plan key", a["plan_key"][:12], b["plan_key"][:12]), ("source revision", rev(a), rev(b)),
+             ("lock", lock(a), lock(b))]
+    return markdown(f"Rollout review: {a['image']} {a['version']} → {b['image']} {b['version']}", facts,
+                    compare(a, b))
