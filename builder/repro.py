@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+Subparsers = argparse._SubParsersAction
 
 
 def _common(sp: argparse.ArgumentParser) -> None:
@@ -42,13 +42,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_export_oci(args: argparse.Namespace) -> int:
-    from .compose.image import compose
     from .engine import client as engine
+    from .engine.recorded import built_plan, image_labels
     from .export import oci
 
     tree, sets = _tree_and_sets(args)
-    plan = compose(tree, _image_name(tree, args.image), args.config, sets)
-    digest = oci.export(engine.client(), plan.tags[0], plan.base.epoch, Path(args.dir))
+    c = engine.client()
+    plan, _, _ = built_plan(tree, _image_name(tree, args.image), args.config, sets, "export oci",
+                            lambda ref: image_labels(c, ref))
+    digest = oci.export(c, plan.tags[0], plan.base.epoch, Path(args.dir))
     print(f"{plan.tags[0]} {digest} -> {args.dir}")
     return 0
 
