@@ -252,6 +252,16 @@ def test_links_out_of_the_tree_are_refused(tmp_path: Path, key: SigningKey) -> N
     assert outside.read_bytes() == b"a host file"
 
 
+def test_a_module_hard_linked_to_a_cached_copy_leaves_the_copy_unsigned(tmp_path: Path, key: SigningKey) -> None:
+    cached = tmp_path / "engine-copy.ko"
+    cached.write_bytes(tiny_module("nftest"))
+    root = tree_with(tmp_path / "root", {})
+    (root / "usr/lib/modules" / KVER / "updates").mkdir()
+    os.link(cached, root / "usr/lib/modules" / KVER / "updates/nftest.ko")
+    assert len(sign_modules(root, KVER, key)) == 1
+    assert cached.read_bytes() == tiny_module("nftest")  # a new file in the tree, the shared one untouched
+
+
 def test_a_certificate_link_left_by_a_layer_is_not_written_through(tmp_path: Path, key: SigningKey) -> None:
     target = tmp_path / "host-file"
     target.write_bytes(b"host")
