@@ -78,16 +78,15 @@ def _entry(m: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
 
 def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
     """The entries that stay, in their written order: sorted by name, hard links last."""
-    kept = []
+    kept, gone = [], set()
     for m in src.getmembers():
         name = m.name.removeprefix("./")
-        if dropped(name):
-            continue
-        if m.isreg() and name.endswith(".pyc"):
-            f = src.extractfile(m)
-            if f is not None and stale_pyc(name, f.read(16), epoch):
-                continue
-        kept.append(m)
+        f = src.extractfile(m) if m.isreg() and name.endswith(".pyc") else None
+        if dropped(name) or (f is not None and stale_pyc(name, f.read(16), epoch)):
+            gone.add(name)
+        else:
+            kept.append(m)
+    kept = [m for m in kept if not (m.islnk() and m.linkname.removeprefix("./") in gone)]
     return sorted(kept, key=lambda m: (m.islnk(), m.name.removeprefix("./")))
 
 

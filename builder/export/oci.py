@@ -87,17 +87,20 @@ class _Stream:
     """The engine's `docker save` chunks as a readable file."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks, self.buffer = chunks, b""
+        self.chunks, self.chunk, self.pos = chunks, b"", 0
 
     def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self.buffer) < n:
-            chunk = next(self.chunks, b"")
-            if not chunk:
-                break
-            self.buffer += chunk
-        n = len(self.buffer) if n < 0 else n
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
+        parts, wanted = [], n
+        while wanted != 0:
+            if self.pos >= len(self.chunk):
+                self.chunk, self.pos = next(self.chunks, b""), 0
+                if not self.chunk:
+                    break
+            end = len(self.chunk) if wanted < 0 else min(len(self.chunk), self.pos + wanted)
+            parts.append(self.chunk[self.pos:end])
+            wanted -= (end - self.pos) if wanted > 0 else 0
+            self.pos = end
+        return b"".join(parts)
 
 
 def save(c: docker.DockerClient, ref: str, into: Path) -> tuple[dict[str, Any], list[Path]]:
