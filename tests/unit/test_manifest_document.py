@@ -1,0 +1,137 @@
+"""The rollout manifest from a composed plan, an SBOM, the lock files and node.json (no engine):
+what it records, that it is deterministic, and its provenance statement."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from builder import lockfile
+from builder.compose import compose
+from builder.definitions.load import load_tree
+from builder.engine import sbom
+from builder.manifest import document, provenance, record
+from builder.node.assemble import NodeArtifacts
+from builder.paths import BUILD_DIR_VARIABLE
+
+KEYS_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "keys-tree"
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def tree_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    t = tmp_path / "tree"
+    shutil.copytree(KEYS_TREE, t)
+    monkeypatch.setenv(BUILD_DIR_VARIABLE, str(tmp_path / "build-one"))
+    return t
+
+
+def status(packages: list[tuple[str, str, str]]) -> str:
+    return "\n\n".join(f"Package: {n}\nStatus: install ok installed\nVersion: {v}\nArchitecture: {a}"
+                       for n, v, a in packages) + "\n"
+
+
+def node_artifacts(directory: Path, cmdline: str) -> NodeArtifacts:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "SHA256SUMS").write_text(f"{'1' * 64}  disk.raw\n")
+    return NodeArtifacts("node-minimal", "k" * 64, "c" * 64, str(directory), "6.1.0-28-amd64", cmdline,
+                         "nodeforge-root", "uuid", 1023, 956, files={"raw": "disk.raw", "kernel": "vmlinuz"},
+                         sha256={"disk.raw": "1" * 64, "vmlinuz": "2" * 64})
+
+
+def test_node_manifest_records_layers_packages_outputs_and_lock(tree_copy: Path) -> None:
+    tree = load_tree(tree_copy)
+    before = compose(tree, "node-minimal", "default")
+    lock = lockfile.read(tree_copy, "node-minimal")
+    assert lock is not None
+    ca = lock.layers["base"]["direct"]["ca-certificates"]
+    lockfile.write(tree_copy, lockfile.Lock(lock.image, lock.base, lock.layers, lock.wheels, {
+        "ca-certificates": {"version": ca, "architecture": "all", "sha256": "a" * 64,
+                            "origin": "Debian:12.15/oldstable"}}))
+    plan = compose(load_tree(tree_copy), "node-minimal", "default")
+    assert plan.key == before.key  # the .deb records are in no step key
+
+    sbom_path = sbom.path_for(tree_copy, "node-minimal")
+    sbom_path.parent.mkdir(parents=True)
+    sbom_path.write_text(json.dumps(sbom.document(plan, status([("ca-certificates", ca, "all"),
+                                                                ("libc6", "2.36-9+deb12u9", "amd64")]))))
+    labels = {sbom.LABEL: sha(sbom_path), "org.opencontainers.image.base.name": "nodeforge-base:" + plan.base.key,
+              "org.opencontainers.image.base.digest": "sha256:" + "d" * 64}
+    node = node_artifacts(sbom_path.parent, "root=LABEL=nodeforge-root ro console=ttyS0,115200n8 iommu=pt")
+    path = record.write(tree, plan, "sha256:" + "e" * 64, labels, node)
+
+    assert path == sbom_path.parent / "manifest.json"
+    doc = json.loads(path.read_text())
+    assert (doc["image"], doc["kind"], doc["config"], doc["sets"]) == ("node-minimal", "node", "default", [])
+    assert doc["engine_image_id"] == "sha256:" + "e" * 64 and doc["registry_digest"] is None
+    assert doc["plan_key"] == plan.key and doc["source_date_epoch"] == plan.base.epoch
+    assert [(x["name"], x["key"]) for x in doc["layers"]] == [(s.layer, s.key) for s in plan.steps]
+    sysctl = next(x for x in doc["layers"] if x["name"] == "sysctl")
+    assert sysctl["parameters"]["swappiness"] == {"value": plan.params["sysctl.swappiness"].value,
+                                                  "source": plan.params["sysctl.swappiness"].source}
+    assert doc["packages"] == [
+        {"name": "ca-certificates", "version": ca, "architecture": "all", "layer": "base", "sha256": "a" * 64},
+        {"name": "libc6", "version": "2.36-9+deb12u9", "architecture": "amd64", "layer": None, "sha256": None}]
+    assert doc["kernel_cmdline"] == node.cmdline
+    assert doc["outputs"] == {
+        "disk.raw": {"role": "raw", "sha256": "1" * 64}, "vmlinuz": {"role": "kernel", "sha256": "2" * 64},
+        "SHA256SUMS": {"role": "checksums", "sha256": sha(sbom_path.parent / "SHA256SUMS")},
+        "sbom.spdx.json": {"role": "sbom", "sha256": sha(sbom_path)}}
+    assert doc["lock"] == {"image": "node-minimal", "path": "images/node-minimal.lock",
+                           "sha256": sha(tree_copy / "images" / "node-minimal.lock")}
+    assert "source" not in doc  # not a git tree
+    assert doc["builder"]["name"] == "nodeforge"
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "SHA256SUMS", "manifest.json", "provenance.intoto.json", "sbom.spdx.json"]  # no temporary file left
+
+    stmt = json.loads((path.parent / provenance.NAME).read_text())
+    subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+    assert subjects["manifest.json"] == sha(path) and subjects["disk.raw"] == "1" * 64
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"] == {
+        "image": "node-minimal", "config": "default", "sets": []}
+    assert stmt["predicate"]["runDetails"]["builder"]["id"] == (
+        f"https://nodeforge.dev/builder@{document.builder_version()}")
+
+
+def test_manifest_is_the_same_bytes_from_the_same_build(tree_copy: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written twice, and once more into another build directory: identical manifests and statements."""
+    tree = load_tree(tree_copy)
+    plan = compose(tree, "node-minimal", "default", [("sysctl", "swappiness", 5)])
+    out = []
+    for build_dir in ("build-one", "build-one", "build-two"):
+        monkeypatch.setenv(BUILD_DIR_VARIABLE, str(tmp_path / build_dir))
+        d = sbom.path_for(tree_copy, "node-minimal").parent
+        path = record.write(tree, plan, "sha256:" + "e" * 64, {}, node_artifacts(d, "root=LABEL=r ro"))
+        out.append((path.read_bytes(), (path.parent / provenance.NAME).read_bytes()))
+    assert out[0] == out[1] == out[2]
+    doc = json.loads(out[0][0])
+    assert doc["sets"] == ["sysctl.swappiness=5"]
+    assert doc["layers"][2]["parameters"]["swappiness"]["source"].startswith("--set")
+    assert list(doc) == sorted(doc)  # sorted keys
+
+
+def test_child_image_lists_every_wheel_and_the_locks_it_builds_on(tree_copy: Path) -> None:
+    tree = load_tree(tree_copy)
+    plan = compose(tree, "cupy-cuda12.9", None)
+    doc = document.document(tree, plan, "sha256:" + "e" * 64, {}, None)
+    chain = document.ancestry(tree, "cupy-cuda12.9")
+    assert chain[0] == "cupy-cuda12.9" and chain[-1] == "container-base"
+    assert [x["image"] for x in doc["inherited_locks"]] == chain[1:]
+    for record_ in doc["inherited_locks"]:
+        assert record_["sha256"] == sha(tree_copy / record_["path"])
+    locked = {(n, w["version"], w["sha256"]) for i in chain if (lk := lockfile.read(tree_copy, i))
+              for ws in lk.wheels.values() for n, w in ws.items()}
+    assert locked and {(w["name"], w["version"], w["sha256"]) for w in doc["wheels"]} == locked
+    assert all(w["url"].startswith("https://") for w in doc["wheels"])
+    assert [x["name"] for x in doc["layers"]] == [*plan.inherited_layers, *(s.layer for s in plan.steps)]
+    assert doc["kernel_cmdline"] is None and doc["outputs"] == {}
+    packages = {p["name"]: p for p in doc["packages"]}  # no SBOM: what the locks say
+    assert packages and all(p["layer"] for p in packages.values())
