@@ -28,6 +28,7 @@ from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
 from .engine.steps import engine_build, initramfs_step, step_ref
 from .errors import BuildFailed
+from .manifest import record as manifest
 from .node import assemble
 from .node.signing import Secrets
 from .paths import build_dir
@@ -223,6 +224,7 @@ class Builder:
             info = engine.inspect(c, meta_ref)
             node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress)
                     if plan.kind == "node" else None)
+            manifest.write(self.tree, plan, info["Id"], labels, node)  # manifest.json and its provenance
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
                           f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")

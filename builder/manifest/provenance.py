@@ -27,9 +27,10 @@ def _dependencies(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     deps: list[dict[str, Any]] = []
     source = manifest.get("source")
     if source:
-        repo = source.get("repository") or "local"
-        deps.append({"name": "source", "uri": f"git+{repo}@{source['revision']}",
-                     "digest": {"gitCommit": source["revision"]}, "annotations": {"dirty": source["dirty"]}})
+        dep = {"name": "source", "digest": {"gitCommit": source["revision"]}, "annotations": {"dirty": source["dirty"]}}
+        if source.get("repository") not in (None, "", "local"):  # a tree without a remote has no address
+            dep["uri"] = f"git+{source['repository']}@{source['revision']}"
+        deps.append(dep)
     base = manifest["base"]
     base_dep: dict[str, Any] = {"name": f"base:{base.get('name') or base['key']}",
                                 "annotations": {"kind": base["kind"], "key": base["key"]}}

@@ -157,7 +157,11 @@ def test_provenance_statement_of_a_manifest() -> None:
     build = stmt["predicate"]["buildDefinition"]
     assert build["externalParameters"] == {"image": "n", "config": "default", "sets": []}
     deps = {d["name"]: d for d in build["resolvedDependencies"]}
-    assert deps["source"]["digest"] == {"gitCommit": "6" * 40}
+    assert deps["source"]["digest"] == {"gitCommit": "6" * 40} and "uri" not in deps["source"]  # no remote
+    remote = manifest(source={"revision": "6" * 40, "dirty": True, "repository": "https://example.org/site.git"})
+    source = provenance.statement(remote, "manifest.json", "m" * 64)["predicate"]["buildDefinition"][
+        "resolvedDependencies"][0]
+    assert source["uri"] == f"git+https://example.org/site.git@{'6' * 40}" and source["annotations"]["dirty"]
     assert deps["base:nodeforge-base:bbb"]["digest"] == {"sha256": "2" * 64}
     assert deps["images/n.lock"]["digest"] == {"sha256": "5" * 64}
     assert stmt["predicate"]["runDetails"]["builder"]["id"] == "https://nodeforge.dev/builder@0.1.0"
