@@ -185,3 +185,18 @@ def test_lock_check_names_old_and_new_version_and_the_origin(built: tuple[Path, 
     assert check.returncode == 1, check.stderr
     security = "security" if lockfile.from_security(origin) else "not security"
     assert f"~ base: ca-certificates 0.0-bogus -> {version} [{security}: {origin}]" in check.stdout.splitlines()
+
+
+def test_diff_of_two_built_images_in_markdown(built: tuple[Path, BuildResult]) -> None:
+    """The image form of diff reads the same way: the base the image was built on against the image."""
+    tree, result = built
+    base = result.labels["org.opencontainers.image.base.name"]
+    proc = run_cli(tree, "diff", base, result.ref, "--format", "markdown")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"## Rollout review: {base} → {result.ref}"
+    assert "**packages**: " in proc.stdout and "### Packages" in lines
+    assert any(line.startswith("| added | `ca-certificates` |") for line in lines)
+    assert any(line.startswith("| added | `etc/t1.txt` |") for line in lines)
+    same = run_cli(tree, "diff", result.ref, result.ref, "--format", "markdown")
+    assert same.returncode == 0 and "**No changes.**" in same.stdout
