@@ -152,7 +152,7 @@ def _manifest(layout: Path) -> dict[str, object]:
     return manifest
 
 
-def compare_layouts(a: Path, b: Path) -> list[str]:
+def compare_layouts(a: Path, b: Path, diffoscope: bool = True) -> list[str]:
     """Two normalised OCI layouts: nothing when the manifests are the same, else the config keys
     and, layer by layer, the files that differ."""
     ma, mb = _manifest(a), _manifest(b)
@@ -171,8 +171,9 @@ def compare_layouts(a: Path, b: Path) -> list[str]:
     for i, (x, y) in enumerate(zip(la, lb, strict=False)):
         if x["digest"] == y["digest"]:
             continue
+        report = with_diffoscope(_blob(a, x["digest"]), _blob(b, y["digest"])) if diffoscope else None
         with gzip.open(_blob(a, x["digest"])) as fa, gzip.open(_blob(b, y["digest"])) as fb:
-            inside = compare_entries(tar_entries(fa), tar_entries(fb))  # type: ignore[arg-type]
+            inside = report or compare_entries(tar_entries(fa), tar_entries(fb))  # type: ignore[arg-type]
         lines.append(f"layer {i + 1} differs:")
         lines += ["  " + line for line in inside[:MAX_LINES] or ["(the same files, different bytes)"]]
     return lines

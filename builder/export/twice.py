@@ -93,13 +93,14 @@ def _compare(c: docker.DockerClient, work: Path, plan: Any, ids: list[str], diff
     print(f"OCI digest A {digests[0]}\nOCI digest B {digests[1]}")
     if digests[0] != digests[1]:
         lines += ["OCI image differs:", *("  " + line for line in compare.compare_layouts(
-            work / "oci-a", work / "oci-b"))]
+            work / "oci-a", work / "oci-b", diffoscope=diffoscope))]
     if plan.kind == "node":
         outs = [work / f"build-{side}" / "images" / plan.image for side in SIDES]
         if all(o.is_dir() for o in outs):
             lines += compare.compare_dirs(outs[0], outs[1], diffoscope=diffoscope)
         else:
-            lines.append(f"no node outputs under {outs[0].parent} (the assembler wrote them elsewhere)")
+            raise BuildFailed(f"no node outputs in {outs[0]} or {outs[1]}: the builds wrote them elsewhere, "
+                              "so they cannot be compared")
     return lines
 
 
