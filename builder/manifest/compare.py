@@ -5,6 +5,7 @@ the outputs. Printed as text (the default of `nodeforge diff`) or as Markdown fo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +41,13 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+_DIGEST = re.compile(r"(sha256:)?[0-9a-f]{40,}")
+
+
 def _short(value: Any) -> str:
+    """Digests and keys to their first 12 hex digits (as `docker images` shows ids); the rest as is."""
     text = _show(value)
-    return text.removeprefix("sha256:")[:12] if len(text) >= 40 and " " not in text else text
+    return text.removeprefix("sha256:")[:12] if _DIGEST.fullmatch(text) else text
 
 
 def _identity(a: dict[str, Any], b: dict[str, Any]) -> Section:
@@ -53,8 +58,7 @@ def _identity(a: dict[str, Any], b: dict[str, Any]) -> Section:
             continue
         if key == "lock" or key == "source":
             va, vb = _summary(key, va), _summary(key, vb)
-        s.changes.append(Change("~", title, _short(va) if key != "sets" else _show(va),
-                                _short(vb) if key != "sets" else _show(vb)))
+        s.changes.append(Change("~", title, _short(va), _short(vb)))
     return s
 
 

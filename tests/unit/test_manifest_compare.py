@@ -261,3 +261,12 @@ def test_resolver_output_gives_each_locked_deb_its_sha256_and_origin() -> None:
         "libssl3": {"version": "3.0.22-1~deb12u2", "architecture": "amd64", "sha256": "a" * 64,
                     "origin": "Debian-Security:12/oldstable-security"},
     }
+
+
+def test_build_identity_changes_keep_names_whole_and_shorten_digests() -> None:
+    long_config = "configs/site-a-rack-07-nvlink-h100-partition-b.yaml"
+    b = manifest(config=long_config, sets=["sysctl.swappiness=10"], engine_image_id="sha256:" + "9" * 64)
+    lines = compare.text("a", "b", compare.compare(manifest(), b))
+    assert f"  ~ config default -> {long_config}" in lines
+    assert '  ~ --set [] -> ["sysctl.swappiness=10"]' in lines
+    assert f"  ~ engine image id {'1' * 12} -> {'9' * 12}" in lines
