@@ -164,6 +164,7 @@ def compare_layouts(a: Path, b: Path, diffoscope: bool = True) -> list[str]:
     for key in sorted(set(ca) | set(cb)):
         if key != "rootfs" and ca.get(key) != cb.get(key):
             lines.append(f"config {key} differs")
+    made_by = [h.get("created_by", "") for h in ca.get("history", []) if not h.get("empty_layer")]
     la, lb = ma["layers"], mb["layers"]
     assert isinstance(la, list) and isinstance(lb, list)
     if len(la) != len(lb):
@@ -174,6 +175,7 @@ def compare_layouts(a: Path, b: Path, diffoscope: bool = True) -> list[str]:
         report = with_diffoscope(_blob(a, x["digest"]), _blob(b, y["digest"])) if diffoscope else None
         with gzip.open(_blob(a, x["digest"])) as fa, gzip.open(_blob(b, y["digest"])) as fb:
             inside = report or compare_entries(tar_entries(fa), tar_entries(fb))  # type: ignore[arg-type]
-        lines.append(f"layer {i + 1} differs:")
+        step = f" ({made_by[i][:80]})" if i < len(made_by) and made_by[i] else ""
+        lines.append(f"layer {i + 1}{step} differs:")
         lines += ["  " + line for line in inside[:MAX_LINES] or ["(the same files, different bytes)"]]
     return lines
