@@ -339,10 +339,8 @@ def _publish_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     pk.add_argument("dir")
     _common(pk)
     pk.set_defaults(func=cmd_export)
-    from .repro import add_commands, add_export_oci
-
-    add_export_oci(ex)
-    add_commands(sub)
+    from .repro import add_commands
+    add_commands(sub, ex)
 
     sp = sub.add_parser("push", help="push every tag of built images to an OCI registry; prints digests")
     sp.add_argument("images", nargs="+")

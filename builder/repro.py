@@ -65,7 +65,8 @@ def cmd_import_oci(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_export_oci(export_formats: Subparsers) -> None:
+def add_commands(sub: Subparsers, export_formats: Subparsers) -> None:
+    """`export oci` (under `export`), `import oci` and `repro`."""
     sp = export_formats.add_parser("oci", help="a normalised OCI image layout (reproducible digest); prints "
                                    "the digest")
     sp.add_argument("image")
@@ -73,8 +74,6 @@ def add_export_oci(export_formats: Subparsers) -> None:
     _common(sp)
     sp.set_defaults(func=cmd_export_oci)
 
-
-def add_commands(sub: Subparsers) -> None:
     sp = sub.add_parser("import", help="copy an OCI layout into a registry by digest (skopeo)")
     formats = sp.add_subparsers(dest="format", required=True)
     im = formats.add_parser("oci", help="an OCI layout written by `nodeforge export oci`")
