@@ -7,6 +7,15 @@ APT_INSTALL = ("apt-get install -y -q --no-install-recommends "
                "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 
 
+# what apt and dpkg read while they install: written in the package phase, before any install
+PACKAGE_CONFIG_DIRS = ("/etc/apt/", "/etc/dpkg/", "/usr/share/keyrings/", "/etc/debconf.conf")
+
+
+def file_phase(path: str) -> str:
+    """The build phase a layer file is written in when the layer does not say (compose.phases)."""
+    return "packages" if path.startswith(PACKAGE_CONFIG_DIRS) else "config"
+
+
 def parse_dpkg_status(text: str) -> dict[str, dict[str, str]]:
     """Installed packages: name -> fields (Version, Status, ...)."""
     out: dict[str, dict[str, str]] = {}

@@ -7,6 +7,7 @@ independent images build in parallel."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -18,15 +19,16 @@ import docker
 
 from . import lockfile as lock
 from .compose.image import compose
+from .compose.phases import engine_steps
 from .definitions.load import Tree
-from .engine import bootstrap, sbom, trust
+from .engine import bootstrap, initramfs, sbom, trust
 from .engine import cache as rebuild
 from .engine import client as engine
 from .engine import resolve as resolver
 from .engine.client import image_exists
 from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
-from .engine.steps import engine_build, initramfs_step, step_ref
+from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
 from .manifest import record as manifest
 from .node import assemble
@@ -57,13 +59,16 @@ class BuildResult:
     labels: dict[str, str]
     steps: list[StepResult] = field(default_factory=list)
     node: assemble.NodeArtifacts | None = None  # disks and netboot artifacts of a node image
+    initramfs: StepResult | None = None  # a node image's: cached, reused (same inputs) or built
 
 
 class Builder:
     def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
-                 locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None) -> None:
+                 locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None,
+                 formats: list[str] | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
         self.locked = locked
+        self.formats = formats  # --format: node outputs of this build, instead of outputs.formats
         self.secrets = secrets or Secrets()  # --secret values, checked; the assembler signs with module_signing
         self.log_dir = log_dir or build_dir(tree.root) / "logs"
         self.results: dict[str, BuildResult] = {}
@@ -71,7 +76,10 @@ class Builder:
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, image: str) -> BuildPlan:
-        return compose(self.tree, image, self.config, self.sets)
+        plan = compose(self.tree, image, self.config, self.sets)
+        if self.formats is not None and plan.kind == "node":
+            plan = dataclasses.replace(plan, outputs={**plan.outputs, "formats": list(self.formats)})
+        return plan
 
     def _ensure_locked(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> BuildPlan:
         if self.locked:
@@ -89,6 +97,17 @@ class Builder:
         path = lock.write(self.tree.root, fresh)
         self.progress.say(plan.image, f"lock written: {path.relative_to(self.tree.root)}")
         return self.plan(plan.image)
+
+    def resolve_lock(self, image: str) -> tuple[lock.Lock | None, lock.Lock]:
+        """(the lock file's, a fresh resolution) of an image, on its real base (its parent built first)."""
+        plan = self.plan(image)
+        c = engine.client()
+        if plan.base.kind == "debian":
+            base_ref = bootstrap.ensure(c, plan.base, self.progress, image)
+        else:
+            parent = self.build([plan.base.image or ""], jobs=1)[-1]
+            base_ref = parent.content_ref
+        return lock.read(self.tree.root, image), resolver.resolve(c, plan, base_ref, self.progress)
 
     # --- building -------------------------------------------------------------------------------
     def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
@@ -158,12 +177,13 @@ class Builder:
 
     def _build_steps(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> tuple[str, list[StepResult]]:
         """One cached engine build per layer step; (the last step's ref, what each step did)."""
-        name, n = plan.image, len(plan.steps)
+        steps = engine_steps(plan)
+        name, n = plan.image, len(steps)
         results: list[StepResult] = []
         ref = base_ref
         state = rebuild.State(self.tree.root, name)
         parent_key, parent_name = plan.base.key, "the base"
-        for i, step in enumerate(plan.steps, start=1):
+        for i, step in enumerate(steps, start=1):
             tag = step_ref(step.key)
             fp = rebuild.fingerprint(step, parent_key, parent_name)
             why = ""
@@ -176,7 +196,7 @@ class Builder:
                     with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
                         write_context(step, Path(tmp))
                         ca = trust.extra_ca() if step.wheels else ""
-                        engine_build(c, Path(tmp), step_dockerfile(step, ref), tag,
+                        engine_build(c, Path(tmp), step_dockerfile(step, ref, plan.base.epoch), tag,
                                      self.log_dir / name / f"{i:02d}-{step.layer}.log",
                                      {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
                     status = "built"
@@ -217,19 +237,23 @@ class Builder:
             plan = self._ensure_locked(c, plan, base[0])
             content_ref, results = self._build_steps(c, plan, base[0])
             content_key = plan.key
+            initrd = None
             if plan.kind == "node":
-                content_ref, content_key = initramfs_step(c, content_ref, plan.key, self.progress, name,
-                                                          self.log_dir / name)
+                with Timer() as t:
+                    content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
+                                                                      self.progress, self.log_dir / name)
+                initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)
-            node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress)
+            node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
+                                      signing=self.secrets.module_signing)
                     if plan.kind == "node" else None)
             manifest.write(self.tree, plan, info["Id"], labels, node)  # manifest.json and its provenance
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
                           f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")
         result = BuildResult(name, plan, plan.tags[0], content_ref, info["Id"], info["Size"], plan.tags, labels,
-                             results, node)
+                             results, node, initrd)
         with self._lock:
             self.results[name] = result
         return result

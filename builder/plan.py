@@ -34,6 +34,7 @@ class ContextFile:
     origin: str  # which layer file or contribution produced it
     content: str | None = None  # rendered text; None for a static file copied from `source`
     source: str | None = None  # absolute path of a static file
+    phase: str = "config"  # packages: written before the package installs (compose.phases)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class LayerStep:
     locked: bool
     wheels: tuple[str, ...] = ()  # pip requirements, as written (the lock pins them)
     entrypoint: tuple[str, ...] | None = None  # ENTRYPOINT set by this layer
+    install: str = ""  # package-phase lines after the apt install: wheels, holds, package-phase steps
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,14 @@ class BuildPlan:
     inherited_layers: tuple[str, ...]
     user: str | None = None  # default USER of the final image (not inherited by child images)
     sets: tuple[str, ...] = ()  # the --set arguments it was composed with (recorded on the built image)
+    install: LayerStep | None = None  # the package phase: every layer's packages in one step (compose.phases)
 
     @property
     def key(self) -> str:
         """Content key of the image's file system: the key of its last layer step."""
-        return self.steps[-1].key if self.steps else self.base.key
+        if self.steps:
+            return self.steps[-1].key
+        return self.install.key if self.install else self.base.key
 
     @property
     def cmdline(self) -> str:

@@ -1,12 +1,12 @@
-"""A layer step's apply script (bash), run by the engine build and by the Packer export alike:
-packages from the lock, wheels, holds, users, ownership, services, then the layer's steps."""
+"""A layer's scripts (bash), run by the engine build and by the Packer export alike: its
+package-phase lines (wheels, holds, `phase: packages` steps) and its config-phase apply script
+(users, ownership, services, then the layer's steps)."""
 
 from __future__ import annotations
 
 import shlex
 from typing import Any
 
-from ..debian import APT_INSTALL
 from ..plan import ContextFile
 from .scope import LayerScope
 
@@ -39,20 +39,17 @@ def wheel_lines(wheels: dict[str, dict[str, str]], target: str, build_only: list
     return lines
 
 
-def _package_lines(s: LayerScope) -> list[str]:
+def install_lines(s: LayerScope) -> str:
+    """The layer's package-phase lines after the apt install (compose.phases runs the install):
+    wheels, holds, and the steps marked `phase: packages`."""
     c = s.carry
-    packages: list[str] = c["pinned"]
     lines: list[str] = []
-    if packages:
-        lines += ["# packages (versions from the lock file)", "apt-get update -q",
-                  f"{APT_INSTALL} \\\n    " + " \\\n    ".join(shlex.quote(p) for p in packages)]
     if c["wheels"] and (c["locked_wheels"] or s.data["packages"]["pip"]):
         lines += wheel_lines(c["locked_wheels"], c["wheel_target"], c["build_only"])
     if c["holds"]:
         lines += [shlex.join(["apt-mark", "hold", *c["holds"]])]
-    if packages:
-        lines += ["apt-get clean", "rm -rf /var/lib/apt/lists/*"]
-    return lines
+    lines += _step_lines(s, "packages")
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _user_lines(users: list[dict[str, Any]], files: list[ContextFile]) -> list[str]:
@@ -81,9 +78,11 @@ def _service_lines(services: dict[str, list[str]]) -> list[str]:
     return lines
 
 
-def _step_lines(s: LayerScope) -> list[str]:
+def _step_lines(s: LayerScope, phase: str) -> list[str]:
     lines = []
     for i, step in enumerate(s.data["steps"]):
+        if step.get("phase", "config") != phase:
+            continue
         run = s.text(step["run"], f"steps[{i}].run", "steps", i)
         if run is not None:
             lines += [f"# step: {step['name']}", "(", run.rstrip("\n"), ")"]
@@ -91,10 +90,10 @@ def _step_lines(s: LayerScope) -> list[str]:
 
 
 def apply_script(s: LayerScope) -> str:
-    """The whole script; empty when the layer only writes files."""
+    """The config-phase script (users, ownership, services, steps); empty when the layer only writes
+    files. Packages are installed in the package phase (compose.phases), before every layer's files."""
     services = {k: s.carry.get(f"services.{k}", []) for k in ("enable", "disable")}  # rendered by the handlers
-    lines = (_package_lines(s) + _user_lines(s.data["users"], s.files) + _service_lines(services)
-             + _step_lines(s))
+    lines = _user_lines(s.data["users"], s.files) + _service_lines(services) + _step_lines(s, "config")
     if not lines:
         return ""
     head = [f"# nodeforge layer {s.name}: {s.data['summary']}", "set -euo pipefail",

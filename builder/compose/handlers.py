@@ -75,7 +75,7 @@ def read_files(s: LayerScope) -> None:
             RENDERED_VALUE.report(s.out, s.layer.file, line, f"files[{i}].path", why)
             continue
         path = g.PATH.normalise(path)
-        owner = {"mode": f["mode"], "owner": f["owner"], "group": f["group"]}
+        owner = {"mode": f["mode"], "owner": f["owner"], "group": f["group"], "phase": f.get("phase")}
         if f.get("content") is not None:
             text = s.text(f["content"], f"files[{i}].content", "files", i) if f.get("template", True) is not False \
                 else f["content"]

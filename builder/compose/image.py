@@ -12,8 +12,8 @@ from ..definitions.load import Config, Image, Layer, Tree
 from ..definitions.tables import UNJUDGED
 from ..errors import Collector
 from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
-from . import contributions
-from .apply import apply_script
+from . import contributions, phases
+from .apply import apply_script, install_lines
 from .graph import resolve
 from .params import Setting, format_sets, resolve_params
 from .prebuild import check_prebuild
@@ -81,14 +81,15 @@ def check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector) -> None:
         out.add(layer.file, line, f"asserts.{a['name']}", message or a["name"], remedy or "", f"assert/{a['name']}")
 
 
-def layer_step(s: LayerScope, parent_key: str) -> tuple[LayerStep | None, list[Test]]:
-    """One layer's step: every contribution kind read in table order, then its apply script,
-    tests and content key. A layer with problems yields no step (compose raises after all layers)."""
+def layer_step(s: LayerScope) -> tuple[LayerStep | None, dict[str, Any], list[Test]]:
+    """One layer's step (its key set later, by compose.phases): every contribution kind read in
+    table order, then its scripts and tests; and what its lock entry and wheels put into the package
+    phase's key. A layer with problems yields no step (compose raises after all layers)."""
     before = len(s.out.problems)
     contributions.read_layer(s)
     if len(s.out.problems) > before:
-        return None, []
-    apply = apply_script(s)
+        return None, {}, []
+    apply, install = apply_script(s), install_lines(s)
     tests = []
     for i, t in enumerate(s.data["tests"]):
         test = make_test(s.render(t, "tests", i), s.name, s.layer.file, s.line("tests", i), f"tests[{i}]", s.out,
@@ -96,20 +97,14 @@ def layer_step(s: LayerScope, parent_key: str) -> tuple[LayerStep | None, list[T
         if test:
             tests.append(test)
     c = s.carry
-    key_inputs: dict[str, Any] = {
-        "parent": parent_key, "layer": s.name, "apply": apply, "env": c["env"],
-        "files": [(f.path, f.mode, f.owner, f.group, f.sha256) for f in s.files],
-        "locked": lockfile.entry(s.locked, s.name),
-    }
-    if c["wheels"]:  # only where used: the keys of layers without these stay as they were
-        key_inputs["wheels"] = {"requirements": c["wheels"], "target": c["wheel_target"],
-                                "locked": c["locked_wheels"]}
-    if c["entrypoint"] is not None:
-        key_inputs["entrypoint"] = c["entrypoint"]
-    step = LayerStep(s.name, s.data["summary"], digest(key_inputs), tuple(s.files), apply, tuple(c["env"]),
+    package_inputs: dict[str, Any] = {"locked": lockfile.entry(s.locked, s.name)}
+    if c["wheels"]:
+        package_inputs["wheels"] = {"requirements": c["wheels"], "target": c["wheel_target"],
+                                    "locked": c["locked_wheels"]}
+    step = LayerStep(s.name, s.data["summary"], "", tuple(s.files), apply, tuple(c["env"]),
                      tuple(c["pinned"]), c["locked"], tuple(c["wheels"]),
-                     tuple(c["entrypoint"]) if c["entrypoint"] is not None else None)
-    return step, tests
+                     tuple(c["entrypoint"]) if c["entrypoint"] is not None else None, install)
+    return step, package_inputs, tests
 
 
 def _image_level(tree: Tree, image: Image, ictx: dict[str, Any], merged: Merged, out: Collector) -> list[Test]:
@@ -173,18 +168,17 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
     ictx = {"params": all_params, "site": _site(config),
             "image": {"name": image.name, "kind": image.data["kind"], "version": image.data["version"]}}
     locked = lockfile.read(tree.root, image.name)
-    steps: list[LayerStep] = []
+    unkeyed: list[tuple[LayerStep, dict[str, Any]]] = []
     tests: list[Test] = []
-    parent_key = base.key
     for name in order:
         ctx = {**all_params[name], **ictx}
         check_asserts(tree.layers[name], ctx, out)
         scope = LayerScope(tree.layers[name], ctx, settings[name], merged, locked)
-        step, layer_tests = layer_step(scope, parent_key)
+        step, package_inputs, layer_tests = layer_step(scope)
         if step is not None:
-            steps.append(step)
+            unkeyed.append((step, package_inputs))
             tests.extend(layer_tests)
-            parent_key = step.key
+    install, steps = phases.assign_keys(base.key, unkeyed, image.data["kind"] == "node")
     if image.data["kind"] == "node":
         tests += derived_boot_tests(merged, tests)
     tests += _image_level(tree, image, ictx, merged, out)
@@ -198,5 +192,5 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
         summary=image.data["summary"], config=config.name if config else None, base=base, steps=tuple(steps),
         tags=tags, params={**parent.params, **params} if parent else params,
         tests=(*parent.tests, *tests) if parent else tuple(tests), outputs=dict(image.data["outputs"]),
-        inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []),
+        inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []), install=install,
         **contributions.plan_fields(merged))

@@ -15,6 +15,7 @@ import jinja2.meta
 from .. import lockfile
 from ..checks import kargs
 from ..checks.registry import CHECKS, check
+from ..debian import file_phase
 from ..definitions.load import Layer
 from ..errors import Collector
 from ..plan import ContextFile, Value
@@ -158,11 +159,12 @@ class LayerScope:
                        if n in self.settings)
 
     def add_file(self, path: str, content: str | bytes, origin: str, line: int | None, mode: str = "0644",
-                 owner: str = "root", group: str = "root", static: Path | None = None) -> None:
+                 owner: str = "root", group: str = "root", static: Path | None = None,
+                 phase: str | None = None) -> None:
         """A file of the layer's build context; one path written by two layers is a conflict."""
         data = content.encode() if isinstance(content, str) else content
         sha = hashlib.sha256(data).hexdigest()
         self.merged.scalar("files", path, Value(sha, origin), self.layer.file, line)
         self.files.append(ContextFile(path, _mode(mode), owner, group, sha, origin,
                                       content if isinstance(content, str) else None,
-                                      str(static) if static else None))
+                                      str(static) if static else None, phase or file_phase(path)))

@@ -144,6 +144,9 @@ FILE = Struct({
     "owner": Field(g.OWNER, "owner", default="root"),
     "group": Field(g.OWNER, "group", default="root"),
     "when": Field(g.TEXT, "a template; the file is not written when it renders false, 0, no or empty", default=None),
+    "phase": Field(Enum(("packages", "config")), "packages: written before the package installs (apt and dpkg "
+                   "configuration and keyrings are, without saying so); config: after them (the default)",
+                   default=None),
 }, "a file", one_of=("source", "content"))
 
 REPO = Struct({
@@ -209,6 +212,9 @@ LAYER = Struct({
     "steps": Field(ListOf(Struct({
         "name": Field(Str(r"[^#]*", "a step name (one line)", max_len=200), "what the step does", required=True),
         "run": Field(g.TEXT, "shell, run with bash -euo pipefail inside the image", required=True),
+        "phase": Field(Enum(("packages", "config")), "packages: runs in the package phase, after every layer's "
+                       "apt installs (for installs from a vendor repository); config: after the layer's files "
+                       "(the default)", default="config"),
     })), "build-time shell: the escape hatch", default=[]),
     "asserts": Field(ListOf(Struct({
         "name": Field(NAME, "what the assertion guards, as a name", required=True),

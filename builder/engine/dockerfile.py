@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..compose.phases import INSTALL_LAYER, engine_steps, standalone_install
 from ..definitions.quoting import dockerfile_comment, dockerfile_json, dockerfile_word
 from ..errors import NodeforgeError, UsageError
 from ..plan import BuildPlan, ContextFile, LayerStep
@@ -27,14 +28,18 @@ def _files(step: LayerStep) -> list[ContextFile]:
     return files
 
 
-def fragment(step: LayerStep, prefix: str) -> str:
-    lines = [dockerfile_comment(f"layer {step.layer}: {step.summary}"), f"# key {step.key}"]
+def fragment(step: LayerStep, prefix: str, epoch: int | None = None) -> str:
+    """One engine step. Its scripts run with SOURCE_DATE_EPOCH (the image's), so that tools which
+    stamp times (useradd, initramfs-tools, ...) stamp that one."""
+    title = "package phase" if step.layer == INSTALL_LAYER else f"layer {step.layer}"
+    lines = [dockerfile_comment(f"{title}: {step.summary}"), f"# key {step.key}"]
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")
     if step.apply:
         if step.wheels:  # extra CAs for the wheel downloads (builder.trust); empty by default
             lines.append("ARG NODEFORGE_CA_BUNDLE=")
-        lines.append(f"RUN {dockerfile_json(['/bin/bash', f'{APPLY_DIR}/{step.layer}.sh'])}")
+        env = ["/usr/bin/env", f"SOURCE_DATE_EPOCH={epoch}"] if epoch is not None else []
+        lines.append(f"RUN {dockerfile_json([*env, '/bin/bash', f'{APPLY_DIR}/{step.layer}.sh'])}")
     if step.env:
         # single-quoted words: the Dockerfile lexer expands no $ in them
         lines.append("ENV " + " \\\n    ".join(f"{dockerfile_word(k)}={dockerfile_word(v)}" for k, v in step.env))
@@ -53,10 +58,16 @@ def label_fragment(labels: dict[str, str]) -> str:
                                         for k, v in sorted(labels.items())) + "\n"
 
 
-def write_context(step: LayerStep, dest: Path) -> None:
+def write_context(step: LayerStep, dest: Path, whole: bool = False) -> None:
+    """The build context of an engine step; whole: a layer with all its files and its package phase
+    as a script of its own (the Packer export applies layers one by one)."""
     root = dest / "root"
     root.mkdir(parents=True, exist_ok=True)
-    for f in _files(step):
+    files = _files(step)
+    if whole and (step.packages or step.install):
+        files.append(ContextFile(f"{APPLY_DIR}/{step.layer}.install.sh", "0755", "root", "root", "", "install",
+                                 standalone_install(step)))
+    for f in files:
         target = root / f.path.lstrip("/")
         if ".." in Path(f.path).parts or not f.path.strip("/"):  # the grammar refuses them; never write outside
             raise NodeforgeError(f"layer {step.layer}: file path {f.path!r} leaves the image root")
@@ -69,8 +80,8 @@ def write_context(step: LayerStep, dest: Path) -> None:
         os.chmod(target, int(f.mode, 8))
 
 
-def step_dockerfile(step: LayerStep, parent_ref: str) -> str:
-    return f"FROM {parent_ref}\n" + fragment(step, ".")
+def step_dockerfile(step: LayerStep, parent_ref: str, epoch: int | None = None) -> str:
+    return f"FROM {parent_ref}\n" + fragment(step, ".", epoch)
 
 
 def _check_destination(dest: Path, project: Path) -> None:
@@ -114,10 +125,12 @@ def _write_render(plan: BuildPlan, tmp: Path, name: str, base_hint: str, bootstr
              f"# Build: docker build --build-arg BASE=<base image> {name}",
              f"# The base is {base_hint}" + (" (recreate it with ./bootstrap.sh)" if bootstrap else ""),
              f"ARG BASE={dockerfile_word(base_hint)}", "FROM ${BASE}", ""]
-    for i, step in enumerate(plan.steps, start=1):
+    parts.append("# Phases: every layer's packages in one step, then each layer's files, users, services\n"
+                 "# and steps in layer order; a node image's initramfs is generated after the last one.\n")
+    for i, step in enumerate(engine_steps(plan), start=1):
         d = f"{i:02d}-{step.layer}"
         write_context(step, tmp / d)
-        parts.append(fragment(step, d))
+        parts.append(fragment(step, d, plan.base.epoch))
     parts.append(label_fragment(labels))
     if plan.user:
         parts.append(f"USER {dockerfile_word(plan.user)}\n")

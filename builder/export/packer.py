@@ -74,6 +74,8 @@ def _layer_provisioners(step: LayerStep, index: int) -> list[dict[str, Any]]:
            for f in step.files]
     inline = ["set -eu", f"echo 'nodeforge: applying layer {step.layer} ({step.key[:12]})'",
               f"cp -a {where}/root/. /", *fix]
+    if step.packages or step.install:  # the layer's package phase, then its config phase
+        inline.append(f"bash {APPLY_DIR}/{step.layer}.install.sh")
     if step.apply:
         inline.append(f"bash {APPLY_DIR}/{step.layer}.sh")
     inline.append(f"echo 'nodeforge: applied layer {step.layer}'")
@@ -173,7 +175,7 @@ def export(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[str,
         shutil.rmtree(layers_dir)
     steps = [(i, s) for i, s in enumerate(plan.steps, start=1) if s.layer in applied]
     for i, s in steps:
-        write_context(s, layers_dir / f"{i:02d}-{s.layer}")
+        write_context(s, layers_dir / f"{i:02d}-{s.layer}", whole=True)
     sha = result.node.sha256.get("disk.qcow2") or assemble.sha256_file(dest / "base" / "disk.qcow2")
     path = dest / "template.json"
     tmp = path.with_name(".template.json.tmp")

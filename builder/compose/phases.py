@@ -1,0 +1,117 @@
+"""Build phases, in the order the engine runs them (mkosi: packages, then extra trees, then
+scripts; diskimage-builder's phase directories):
+
+1. packages: one step for the whole image. Every layer's apt and dpkg configuration, repositories
+   and keyrings (files with phase packages), one `apt-get update`, one install of every layer's
+   locked packages, then in layer order each layer's wheels, holds and `phase: packages` steps.
+   Its key holds only what affects it, so a value edit in a file, sysctl, module option or service
+   never re-runs a package install. In a node image update-initramfs is diverted to a no-op here:
+   package postinsts and triggers generate no initramfs along the way.
+2. config: one step per layer, in layer order: the layer's other files, then its users,
+   ownership, services and `phase: config` steps (so steps keep their order relative to their own
+   layer's files). Cheap to re-apply.
+3. initramfs (node images): generated once, after the last config step, cached on exactly its
+   inputs (engine.initramfs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from ..debian import APT_INSTALL
+from ..plan import BuildPlan, LayerStep, digest
+
+INSTALL_LAYER = "packages"  # the name the package phase's step goes by in progress lines and state
+DIVERTED = "/usr/sbin/update-initramfs"
+DIVERT_TO = "/usr/sbin/update-initramfs.nodeforge"
+
+_DIVERT = [
+    "# node image: no initramfs while packages install (it is generated once, after the last layer)",
+    f"if ! dpkg-divert --list {DIVERTED} | grep -q nodeforge; then",
+    f"  dpkg-divert --local --rename --divert {DIVERT_TO} --add {DIVERTED}",
+    "fi",
+    f"printf '%s\\n' '#!/bin/sh' 'echo \"update-initramfs: deferred by nodeforge until the last layer\" >&2' "
+    f"> {DIVERTED}",
+    f"chmod 0755 {DIVERTED}",
+]
+
+
+def _head(summary: str) -> list[str]:
+    return [f"# {summary}", "set -euo pipefail", "export DEBIAN_FRONTEND=noninteractive"]
+
+
+def _pinned(steps: list[LayerStep]) -> list[str]:
+    """Every layer's locked packages, once each (a later layer's pin of the same name wins)."""
+    by_name: dict[str, str] = {}
+    for s in steps:
+        for p in s.packages:
+            by_name.pop(p.partition("=")[0], None)
+            by_name[p.partition("=")[0]] = p
+    return list(by_name.values())
+
+
+def install_script(steps: list[LayerStep], node: bool) -> str:
+    """The package phase of an image: empty when no layer installs anything."""
+    packages = _pinned(steps)
+    tail = [line for s in steps if s.install for line in
+            (f"# layer {s.layer}: wheels, holds and package-phase steps", s.install.rstrip("\n"))]
+    if not packages and not tail:
+        return ""
+    lines = _head("nodeforge package phase: every layer's packages")
+    if node:
+        lines += _DIVERT
+    if packages:
+        lines += ["apt-get update -q", f"{APT_INSTALL} \\\n    " + " \\\n    ".join(shlex.quote(p) for p in packages)]
+    lines += tail
+    lines += ["apt-get clean", "rm -rf /var/lib/apt/lists/*"]
+    return "\n".join(lines) + "\n"
+
+
+def standalone_install(step: LayerStep) -> str:
+    """One layer's package phase on its own (the Packer export applies layers one by one)."""
+    return install_script([step], node=False)
+
+
+def _file_entries(step: LayerStep, phase: str) -> list[tuple[str, str, str, str, str]]:
+    return [(f.path, f.mode, f.owner, f.group, f.sha256) for f in step.files if f.phase == phase]
+
+
+def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], node: bool
+                ) -> tuple[LayerStep | None, list[LayerStep]]:
+    """The package step and every layer's config step with its content key. Each entry of steps is a
+    layer's step (key not yet set) and what its lock entry and wheels put into the package key."""
+    layers = [s for s, _ in steps]
+    script = install_script(layers, node)
+    install = None
+    parent = base_key
+    if script:
+        files = tuple(f for s in layers for f in s.files if f.phase == "packages")
+        inputs = {"parent": base_key, "phase": "packages", "script": script,
+                  "layers": [{"layer": s.layer, "files": _file_entries(s, "packages"), **extra}
+                             for s, extra in steps]}
+        install = LayerStep(INSTALL_LAYER, "one apt transaction for every layer, before any layer's files",
+                            digest(inputs), files, script, (), tuple(_pinned(layers)), all(s.locked for s in layers),
+                            tuple(w for s in layers for w in s.wheels))
+        parent = install.key
+    keyed = []
+    for s in layers:
+        inputs = {"parent": parent, "phase": "config", "layer": s.layer, "apply": s.apply, "env": list(s.env),
+                  "files": _file_entries(s, "config")}
+        if s.entrypoint is not None:
+            inputs["entrypoint"] = list(s.entrypoint)
+        s = dataclasses.replace(s, key=digest(inputs))
+        keyed.append(s)
+        parent = s.key
+    return install, keyed
+
+
+def engine_steps(plan: BuildPlan) -> list[LayerStep]:
+    """What the engine builds, in order: the package step, then each layer's config step with only
+    its config-phase files (its packages and package files are in the package step)."""
+    steps = [plan.install] if plan.install else []
+    for s in plan.steps:
+        steps.append(dataclasses.replace(s, files=tuple(f for f in s.files if f.phase != "packages"),
+                                         packages=(), wheels=(), install=""))
+    return steps

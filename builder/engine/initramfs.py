@@ -1,0 +1,120 @@
+"""The initramfs of a node image: generated once, after the last layer, and cached on exactly what
+goes into it. The package phase diverts update-initramfs to a no-op (compose.phases), so no package
+postinst or trigger generates one along the way.
+
+Its key: the package phase (the kernel, its modules, firmware, initramfs-tools and its hooks, DKMS
+modules all come from packages), the config-phase files under the paths initramfs-tools reads,
+and every layer's config-phase script (a step may write anywhere). A sysctl value or a service file
+leaves the key alone, so the cached initramfs is copied in; a modprobe option changes it.
+
+Generation runs update-initramfs in a throwaway container of the image (with the image's
+SOURCE_DATE_EPOCH, so the archive is the same on every build) and keeps the result under
+build/cache/initramfs/<key>/; the final engine step copies it in and undoes the diversion."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import docker
+
+from ..compose.phases import DIVERT_TO, DIVERTED
+from ..errors import BuildFailed
+from ..paths import build_dir
+from ..plan import BuildPlan, digest
+from ..progress import Progress, Timer
+from .client import image_exists
+from .steps import engine_build, step_ref
+
+VERSION = 1
+INPUT_PATHS = ("/etc/initramfs-tools/", "/usr/share/initramfs-tools/", "/etc/modprobe.d/", "/lib/modprobe.d/",
+               "/usr/lib/modprobe.d/", "/lib/firmware/", "/usr/lib/firmware/", "/lib/modules/", "/usr/lib/modules/",
+               "/etc/modules", "/etc/udev/", "/etc/fstab", "/etc/crypttab")
+
+_UNDIVERT = (f"if dpkg-divert --list {DIVERTED} | grep -q nodeforge; then rm -f {DIVERTED}; "
+             f"dpkg-divert --local --rename --divert {DIVERT_TO} --remove {DIVERTED}; fi")
+_GENERATE = ("set -e; " + _UNDIVERT + "; found=; for m in /lib/modules/*; do v=${m##*/}; "
+             "[ -e /boot/vmlinuz-$v ] || continue; found=1; rm -f /boot/initrd.img-$v; "
+             "update-initramfs -c -k \"$v\" >&2; done; [ -n \"$found\" ] || { echo 'no kernel in /boot' >&2; exit 1; }")
+_FINISH = ("set -e; " + _UNDIVERT + "; install -d /var/lib/initramfs-tools; for f in /boot/initrd.img-*; do "
+           "v=${f#/boot/initrd.img-}; sha1sum \"$f\" > /var/lib/initramfs-tools/$v; "
+           "linux-update-symlinks install \"$v\" /boot/vmlinuz-$v 2>/dev/null || true; done")
+
+
+def inputs_key(plan: BuildPlan) -> str:
+    files = sorted((f.path, f.mode, f.sha256) for s in plan.steps for f in s.files
+                   if f.phase != "packages" and f.path.startswith(INPUT_PATHS))
+    return digest({"initramfs": VERSION, "packages": plan.install.key if plan.install else plan.base.key,
+                   "epoch": plan.base.epoch, "files": files,
+                   "scripts": [(s.layer, s.apply) for s in plan.steps if s.apply]})
+
+
+def _cache_dir(root: Path, key: str) -> Path:
+    return build_dir(root) / "cache" / "initramfs" / key
+
+
+def _generate(c: docker.DockerClient, content_ref: str, epoch: int, dest: Path) -> None:
+    """update-initramfs in a throwaway container of the image; the initrd files into dest (atomically)."""
+    container = c.containers.create(content_ref, ["/bin/sh", "-c", _GENERATE], entrypoint=[], user="root",
+                                    environment={"SOURCE_DATE_EPOCH": str(epoch)},
+                                    labels={"io.nodeforge.role": "initramfs"})
+    try:
+        container.start()
+        status = container.wait(timeout=1800)
+        if status.get("StatusCode", 1) != 0:
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            raise BuildFailed("generating the initramfs failed:\n" + "\n".join(err.splitlines()[-15:]))
+        stream, _ = container.get_archive("/boot")
+        data = io.BytesIO(b"".join(stream))
+    finally:
+        container.remove(force=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        with tarfile.open(fileobj=data) as tar:
+            for m in tar.getmembers():
+                name = Path(m.name).name
+                if m.isfile() and name.startswith("initrd.img-") and "/" not in name:
+                    src = tar.extractfile(m)
+                    assert src is not None
+                    with (tmp / name).open("wb") as out:
+                        shutil.copyfileobj(src, out, 1 << 22)
+        if not any(tmp.iterdir()):
+            raise BuildFailed("generating the initramfs made no /boot/initrd.img-*")
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, progress: Progress,
+         log_dir: Path) -> tuple[str, str, str]:
+    """The node image with its initramfs: (ref, content key of the result, what happened: cached (the
+    whole step), reused (the initramfs of the same inputs copied in) or built)."""
+    ikey = inputs_key(plan)
+    final_key = digest({"content": plan.key, "initramfs": ikey})
+    tag = step_ref(final_key)
+    cache = _cache_dir(root, ikey)
+    with Timer() as t:
+        status = "cached"
+        if not image_exists(c, tag):
+            status = "reused"
+            if not cache.is_dir():
+                progress.say(plan.image, f"initramfs generating ... (inputs {ikey[:12]} not built before)")
+                _generate(c, content_ref, plan.base.epoch, cache)
+                status = "built"
+            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+                (Path(tmp) / "boot").mkdir()
+                for f in cache.iterdir():
+                    shutil.copyfile(f, Path(tmp) / "boot" / f.name)
+                dockerfile = (f"FROM {content_ref}\n# the initramfs, generated once after the last layer "
+                              f"(inputs {ikey})\nCOPY boot/ /boot/\n"
+                              f"RUN [\"/bin/sh\", \"-c\", {json.dumps(_FINISH)}]\n")
+                engine_build(c, Path(tmp), dockerfile, tag, log_dir / "initramfs.log")
+    progress.say(plan.image, f"initramfs (after the last layer)  {status:<8} {t.seconds:6.1f}s  {ikey[:12]}")
+    return tag, final_key, status
