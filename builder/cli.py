@@ -120,7 +120,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     secrets = load_secrets(args.secret or [])  # checked before anything is built
     tree = _tree(args)
-    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked, secrets=secrets)
+    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked, secrets=secrets,
+                      formats=_formats(args.format))
     results = builder.build(args.images, jobs=args.jobs)
     print("images:")
     for r in results:
@@ -132,30 +133,23 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _formats(value: str | None) -> list[str] | None:
+    from .errors import UsageError
+
+    formats = list(dict.fromkeys(f.strip() for f in (value or "").split(",") if f.strip()))
+    if value is not None and (not formats or not set(formats) <= {"raw", "qcow2", "netboot"}):
+        raise UsageError(f"--format: expected a comma-separated list of raw, qcow2, netboot; found {value!r}")
+    return formats if value is not None else None
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
+    from . import lockfile as lock
     from .pipeline import Builder
     from .progress import Progress
 
     tree = _tree(args)
-    progress = Progress()
     image = tree.image(args.image)
-    builder = Builder(tree, args.config, _sets(args), progress)
-    parent = image.data["from"].get("image")
-    if parent:
-        builder.build([parent], jobs=1)
-    from . import lockfile as lock
-    from .engine import bootstrap
-    from .engine import client as engine
-    from .engine import resolve as resolver
-
-    c = engine.client()
-    plan = builder.plan(image.name)
-    if plan.base.kind == "debian":
-        base_ref = bootstrap.ensure(c, plan.base, progress, image.name)
-    else:
-        base_ref = builder.results[plan.base.image or ""].content_ref
-    fresh = resolver.resolve(c, plan, base_ref, progress)
-    current = lock.read(tree.root, image.name)
+    current, fresh = Builder(tree, args.config, _sets(args), Progress()).resolve_lock(image.name)
     changes = lock.diff(current, fresh)
     if args.check:
         if changes:  # per package: old -> new version, and whether the new one is a security update
@@ -301,6 +295,8 @@ def _build_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(sp)
     sp.add_argument("-j", "--jobs", type=int, default=1, help="independent images built at once")
     sp.add_argument("--locked", action="store_true", help="fail if package resolution would change the lock")
+    sp.add_argument("--format", default=None, metavar="FORMATS",
+                    help="node outputs for this build only, e.g. raw or qcow2,netboot (overrides outputs.formats)")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("--secret", action="append", metavar="NAME=PATH", help="a secret read in place, never copied "
                     "into the image: module-signing=PEM with the key and certificate that sign DKMS modules")

@@ -398,7 +398,7 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
     from builder.node import assemble
     from builder.progress import Progress
 
-    def fill(c, plan, ref, content_key, key, work: Path, formats, progress):  # type: ignore[no-untyped-def]
+    def fill(c, plan, ref, content_key, key, work: Path, formats, progress, signing):  # type: ignore[no-untyped-def]
         (work / "disk.raw").write_bytes(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device", str(work / "disk.qcow2"))
 
@@ -408,7 +408,7 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
 
     monkeypatch.setattr(assemble, "_assemble_into", fill)
     monkeypatch.setattr(assemble, "check_tools", lambda: None)
-    monkeypatch.setattr(assemble, "assembly_key", lambda plan, key: "a" * 64)
+    monkeypatch.setattr(assemble, "assembly_key", lambda plan, key, signing: "a" * 64)
     monkeypatch.setattr(assemble, "load", lambda root, image: None)
     with pytest.raises(OSError) as e:
         assemble.assemble(None, Plan(), "ref", "c" * 64, tmp_path, Progress(quiet=True))  # type: ignore[arg-type]

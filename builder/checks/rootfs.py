@@ -38,6 +38,12 @@ class RootfsCheck:
     fatal: bool = False
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Write a file of the tree as a new inode: the tree's files may be hard links to the engine's."""
+    path.unlink(missing_ok=True)
+    path.write_text(text)
+
+
 def _existing(*rels: str) -> Callable[[Path], list[str]]:
     return lambda root: [r for r in rels if (root / r).is_file() or (root / r).is_symlink()]
 
@@ -58,7 +64,7 @@ def _machine_id(root: Path) -> list[str]:
 
 def _fix_machine_id(root: Path, found: list[str]) -> str:
     (root / "var/lib/dbus/machine-id").unlink(missing_ok=True)
-    (root / "etc/machine-id").write_text("")  # empty: systemd makes one on first boot
+    replace_text(root / "etc/machine-id", "")  # empty: systemd makes one on first boot
     return "emptied"
 
 
@@ -68,7 +74,7 @@ def _hosts(root: Path) -> list[str]:
 
 
 def _fix_hosts(root: Path, found: list[str]) -> str:
-    (root / "etc/hosts").write_text(HOSTS)
+    replace_text(root / "etc/hosts", HOSTS)
     return "rewritten"
 
 

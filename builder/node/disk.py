@@ -1,0 +1,157 @@
+"""The disk of a node image, made without mounting anything: the GPT (sfdisk on a file), the
+root ext4 written straight into the disk file (mkfs.ext4 -d), the ESP (mkfs.vfat and mtools) with a
+standalone GRUB for UEFI, and GRUB for BIOS written into its boot partition from Python.
+
+The layout, fixed so that a disk is the same wherever it is built:
+
+    1 MiB   GPT
+    p1 1 MiB   BIOS boot (GRUB core.img)
+    p2 64 MiB  EFI system partition (GRUB standalone BOOTX64.EFI)
+    p3 rest    root ext4, found by its label
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..definitions.quoting import cmdline_args, grub_word, grub_words
+from ..errors import BuildFailed, EnvironmentProblem
+
+if TYPE_CHECKING:
+    from .artifacts import NodeArtifacts
+
+MIB = 1 << 20
+BIOS_START_MIB, BIOS_MIB = 1, 1
+ESP_START_MIB, ESP_MIB = 2, 64
+ROOT_START_MIB = ESP_START_MIB + ESP_MIB
+TYPE_BIOS = "21686148-6449-6E6F-744E-656564454649"
+TYPE_ESP = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+TYPE_ROOT_X86_64 = "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709"
+GRUB_MODULES = "part_gpt ext2 search search_label linux normal serial echo test"
+GRUB_PC_DIR = Path("/usr/lib/grub/i386-pc")
+GRUB_EFI_DIR = Path("/usr/lib/grub/x86_64-efi")
+TOOLS = {"mkfs.ext4": "e2fsprogs", "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mmd": "mtools",
+         "sfdisk": "fdisk", "qemu-img": "qemu-utils", "grub-mkimage": "grub-common",
+         "grub-mkstandalone": "grub-common"}
+
+
+def check_tools() -> None:
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if not (GRUB_PC_DIR / "boot.img").exists():
+        missing.append("grub-pc-bin")
+    if not GRUB_EFI_DIR.exists():
+        missing.append("grub-efi-amd64-bin")
+    if missing:
+        raise EnvironmentProblem(f"assembling node disks needs {', '.join(missing)}; run `make setup`")
+
+
+def _uuid(key: str, role: str) -> str:
+    return str(uuid.UUID(hex=hashlib.sha256(f"{key}:{role}".encode()).hexdigest()[:32], version=4))
+
+
+def serial_unit(cmdline: str) -> tuple[int, int] | None:
+    for arg in cmdline.split():
+        if arg.startswith("console=ttyS"):
+            dev, _, opts = arg[len("console=ttyS"):].partition(",")
+            speed = "".join(ch for ch in opts if ch.isdigit()) or "115200"
+            return int(dev or 0), int(speed[:6])
+    return None
+
+
+def grub_config(art: NodeArtifacts, image: str, version: str) -> str:
+    serial = serial_unit(art.cmdline)
+    lines = []  # embedded in the boot loader (not read from the disk); early configs know no comments
+    if serial:
+        lines += [f"serial --unit={serial[0]} --speed={serial[1]}", "terminal_input serial console",
+                  "terminal_output serial console"]
+    # every value a GRUB word of its own, in GRUB's single quotes where it needs them: a kernel
+    # argument with ; $ or a quote reaches the kernel as written and never as GRUB syntax
+    kver = art.kernel_version
+    lines += [f"search --no-floppy --label --set=root {grub_word(art.root_label)}",
+              f"echo {grub_word(f'nodeforge: booting {image} {version} ({kver})')}",
+              f"linux {grub_word(f'/boot/vmlinuz-{kver}')} {grub_words(cmdline_args(art.cmdline))}",
+              f"initrd {grub_word(f'/boot/initrd.img-{kver}')}",
+              "boot", ""]
+    return "\n".join(lines)
+
+
+def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, **kw: Any) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, **kw)
+    if p.returncode != 0:
+        raise BuildFailed(f"{what} failed ({cmd[0]} exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(4 * MIB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_bios_boot(disk: Path, core: bytes) -> None:
+    """What grub-bios-setup does for a GPT disk with a BIOS boot partition, without a device:
+    boot.img's code into the MBR (keeping the protective partition table) pointing at core.img,
+    and core.img's first-sector block list pointing at the rest of itself."""
+    boot = bytearray((GRUB_PC_DIR / "boot.img").read_bytes())
+    start = BIOS_START_MIB * MIB // 512
+    if len(core) > BIOS_MIB * MIB:
+        raise BuildFailed(f"GRUB core.img is {len(core)} bytes; the BIOS boot partition holds {BIOS_MIB} MiB")
+    boot[0x5C:0x64] = struct.pack("<Q", start)  # GRUB_BOOT_MACHINE_KERNEL_SECTOR
+    boot[0x66:0x68] = b"\x90\x90"  # hard disk: skip the floppy drive check (as grub-bios-setup does)
+    core_img = bytearray(core)
+    struct.pack_into("<Q", core_img, 0x200 - 12, start + 1)  # diskboot.img's block list: the sectors after it
+    with disk.open("r+b") as f:
+        f.seek(0)
+        f.write(boot[:440])
+        f.seek(start * 512)
+        f.write(core_img)
+
+
+def root_disk(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str) -> None:
+    """The GPT and the root ext4, written straight into the disk file (mkfs.ext4 -d, nothing mounted)."""
+    disk.touch()
+    os.truncate(disk, art.disk_mib * MIB)
+    table = "\n".join([
+        "label: gpt", f"label-id: {_uuid(key, 'disk')}", "unit: sectors", "",
+        f"start={BIOS_START_MIB * 2048}, size={BIOS_MIB * 2048}, type={TYPE_BIOS}, "
+        f"uuid={_uuid(key, 'bios')}, name=bios-boot",
+        f"start={ESP_START_MIB * 2048}, size={ESP_MIB * 2048}, type={TYPE_ESP}, uuid={_uuid(key, 'esp')}, "
+        "name=esp",
+        f"start={ROOT_START_MIB * 2048}, size={art.root_mib * 2048}, type={TYPE_ROOT_X86_64}, "
+        f"uuid={_uuid(key, 'root')}, name=root", ""])
+    _run(["sfdisk", "-q", "--no-reread", "--no-tell-kernel", str(disk)], "partitioning", input=table)
+    fs_uuid = art.root_uuid
+    _run(["mkfs.ext4", "-q", "-F", "-L", art.root_label, "-U", fs_uuid, "-T", "default",
+          "-E", f"root_owner=0:0,hash_seed={fs_uuid},offset={ROOT_START_MIB * MIB}",
+          "-d", str(rootfs), str(disk), f"{art.root_mib}M"], "making the root file system",
+         env={"E2FSPROGS_FAKE_TIME": epoch})
+
+
+def boot_loaders(disk: Path, work: Path, key: str, epoch: str) -> None:
+    """A standalone GRUB on the ESP (mkfs.vfat and mtools) and GRUB's core.img in the BIOS boot partition."""
+    efi = work / "BOOTX64.EFI"
+    _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"--modules={GRUB_MODULES}",
+          f"--install-modules={GRUB_MODULES} efi_gop efi_uga all_video gzio", "--locales=", "--fonts=",
+          "--themes=", f"boot/grub/grub.cfg={work / 'grub.cfg'}"], "making the UEFI boot loader")
+    esp = work / "esp.img"
+    esp_id = hashlib.sha256(f"{key}:esp-id".encode()).hexdigest()[:8]
+    _run(["mkfs.vfat", "-C", "-F", "32", "-n", "ESP", "-i", esp_id, str(esp), str(ESP_MIB * 1024)],
+         "making the EFI system partition")
+    mtools_env = {"MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": epoch}
+    _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"], "writing the ESP", env=mtools_env)
+    _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"], "writing the ESP", env=mtools_env)
+    with disk.open("r+b") as dst, esp.open("rb") as src:
+        dst.seek(ESP_START_MIB * MIB)
+        shutil.copyfileobj(src, dst, 4 * MIB)
+    core = work / "core.img"
+    _run(["grub-mkimage", "-O", "i386-pc", "-o", str(core), "-c", str(work / "grub.cfg"), "-p", "/boot/grub",
+          "biosdisk", *GRUB_MODULES.split()], "making the BIOS boot loader")
+    write_bios_boot(disk, core.read_bytes())
