@@ -120,9 +120,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     secrets = load_secrets(args.secret or [])  # checked before anything is built
     tree = _tree(args)
-    builder = Builder(tree, args.config, _sets(args), Progress(quiet=args.quiet), locked=args.locked, secrets=secrets,
-                      formats=_formats(args.format))
-    results = builder.build(args.images, jobs=args.jobs)
+    with Progress(quiet=args.quiet, live=True) as progress:  # live status on a terminal, plain lines in logs
+        builder = Builder(tree, args.config, _sets(args), progress, locked=args.locked, secrets=secrets,
+                          formats=_formats(args.format))
+        results = builder.build(args.images, jobs=args.jobs)
     print("images:")
     for r in results:
         print(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")

@@ -193,12 +193,14 @@ class Builder:
                 else:
                     why = rebuild.reason(state.previous(step.layer), fp)
                     self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
+                    self.progress.stage(name, f"layer {i}/{n} {step.layer}: building")
                     with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
                         write_context(step, Path(tmp))
                         ca = trust.extra_ca() if step.wheels else ""
                         engine_build(c, Path(tmp), step_dockerfile(step, ref, plan.base.epoch), tag,
                                      self.log_dir / name / f"{i:02d}-{step.layer}.log",
-                                     {"NODEFORGE_CA_BUNDLE": ca} if ca else None)
+                                     {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
+                                     on_line=lambda line: self.progress.output(name, line))
                     status = "built"
             self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
             results.append(StepResult(step.layer, step.key, status, t.seconds, why))
@@ -239,16 +241,20 @@ class Builder:
             content_key = plan.key
             initrd = None
             if plan.kind == "node":
+                self.progress.stage(name, "initramfs")
                 with Timer() as t:
                     content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
                                                                       self.progress, self.log_dir / name)
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)
+            if plan.kind == "node":
+                self.progress.stage(name, "assemble: disks and netboot artifacts")
             node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
                                       signing=self.secrets.module_signing)
                     if plan.kind == "node" else None)
             manifest.write(self.tree, plan, info["Id"], labels, node)  # manifest.json and its provenance
+        self.progress.done(name)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
                           f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")

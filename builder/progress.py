@@ -1,4 +1,6 @@
-"""Progress lines on standard error, and a timer for them."""
+"""Progress on standard error: one plain line per event (which image, which step, cached or built,
+how long), and on a terminal a live status under them (rich): each image's current stage and
+layer, the last line the package manager or step printed, and the time it has taken so far."""
 
 from __future__ import annotations
 
@@ -7,20 +9,79 @@ import threading
 import time
 from typing import Any
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
 
 class Progress:
-    """One line per event, on stderr: which image, which step, cached or built, how long."""
+    """say(): the plain lines (all a CI log gets). stage() and output(): the live status, shown only
+    when live is asked for and the stream is a terminal."""
 
-    def __init__(self, stream: Any = None, quiet: bool = False) -> None:
+    def __init__(self, stream: Any = None, quiet: bool = False, live: bool = False) -> None:
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.lock = threading.Lock()
+        is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.console = Console(file=self.stream, force_terminal=is_tty or None, highlight=False, soft_wrap=True)
+        self.live_wanted = live and is_tty and not quiet
+        self._live: Live | None = None
+        self._status: dict[str, list[Any]] = {}  # image -> [stage, last output line, started]
+        self._started = time.monotonic()
 
     def say(self, image: str, message: str) -> None:
         if self.quiet:
             return
         with self.lock:
-            print(f"[{image}] {message}", file=self.stream, flush=True)
+            if self._live is not None:
+                self.console.print(Text(f"[{image}] {message}"))
+            else:
+                print(f"[{image}] {message}", file=self.stream, flush=True)
+
+    def stage(self, image: str, what: str) -> None:
+        """What an image is doing now (a stage and layer); its output line starts empty."""
+        if not self.live_wanted:
+            return
+        with self.lock:
+            self._status[image] = [what, "", time.monotonic()]
+            if self._live is None:
+                self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=4,
+                                  transient=True)
+                self._live.start()
+
+    def output(self, image: str, line: str) -> None:
+        """The last line the package manager or a step printed."""
+        line = line.strip()
+        if self.live_wanted and line and image in self._status:
+            self._status[image][1] = line
+
+    def done(self, image: str) -> None:
+        with self.lock:
+            self._status.pop(image, None)
+
+    def close(self) -> None:
+        with self.lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _render(self) -> Table:
+        table = Table.grid(padding=(0, 1))
+        now = time.monotonic()
+        for image, (what, line, started) in list(self._status.items()):
+            table.add_row(Text(f"[{image}]", style="bold"), Text(what, style="cyan"),
+                          Text(f"{now - started:5.0f}s", style="dim"))
+            if line:
+                table.add_row("", Text(line[:160], style="dim", overflow="ellipsis", no_wrap=True), "")
+        table.add_row(Text(f"elapsed {now - self._started:.0f}s", style="dim"), "", "")
+        return table
 
 
 class Timer:

@@ -49,6 +49,7 @@ def tarball(base: Base, progress: Progress, image: str) -> Path:
     tmp = target.with_suffix(".tmp.tar")
     cmd = mmdebstrap_command(base, tmp)
     progress.say(image, f"base: {' '.join(cmd[:-2])} ... (SOURCE_DATE_EPOCH={base.epoch})")
+    progress.stage(image, "base: mmdebstrap")
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(base.epoch)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -15,7 +16,8 @@ def step_ref(key: str) -> str:
 
 
 def engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path,
-                  buildargs: dict[str, str] | None = None) -> None:
+                  buildargs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> None:
+    """One engine build, its output into log (and each line to on_line: the live progress)."""
     (context / "Dockerfile").write_text(dockerfile)
     log.parent.mkdir(parents=True, exist_ok=True)
     error = None
@@ -25,6 +27,8 @@ def engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: st
                                  buildargs=buildargs or None):
             if "stream" in chunk:
                 f.write(chunk["stream"])
+                if on_line and chunk["stream"].strip():
+                    on_line(chunk["stream"].strip().splitlines()[-1])
             if "error" in chunk:
                 error = chunk["error"]
                 f.write(f"ERROR: {error}\n")
