@@ -35,7 +35,7 @@ def layer(path: Path, order: list[str], when: int, owner: str) -> Path:
              "var/cache/ldconfig/aux-cache": os.urandom(8), "var/log/apt/history.log": os.urandom(8),
              "usr/lib/python3/dist-packages/m/__pycache__/built.cpython-311.pyc": pyc(when),
              "usr/lib/python3/dist-packages/m/__pycache__/packaged.cpython-311.pyc": pyc(EPOCH - 100),
-             "etc/z-last": b"z"}
+             "etc/z-last": b"z", "etc/machine-id": os.urandom(16).hex().encode() + b"\n"}
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
         d = tarfile.TarInfo("etc")
         d.type, d.mtime, d.mode = tarfile.DIRTYPE, when, 0o755
@@ -53,7 +53,7 @@ def layer(path: Path, order: list[str], when: int, owner: str) -> Path:
 
 NAMES = ["etc/app.conf", "var/log/dpkg.log", "var/cache/ldconfig/aux-cache", "var/log/apt/history.log",
          "usr/lib/python3/dist-packages/m/__pycache__/built.cpython-311.pyc",
-         "usr/lib/python3/dist-packages/m/__pycache__/packaged.cpython-311.pyc", "etc/z-last"]
+         "usr/lib/python3/dist-packages/m/__pycache__/packaged.cpython-311.pyc", "etc/z-last", "etc/machine-id"]
 
 
 def test_two_layers_of_the_same_content_normalise_to_the_same_bytes(tmp_path: Path) -> None:
@@ -67,9 +67,10 @@ def test_two_layers_of_the_same_content_normalise_to_the_same_bytes(tmp_path: Pa
     with tarfile.open(tmp_path / "a.gz") as t:
         members = t.getmembers()
     names = [m.name for m in members]
-    assert names == ["etc", "etc/app.conf", "etc/z-last",
+    assert names == ["etc", "etc/app.conf", "etc/machine-id", "etc/z-last",
                      "usr/lib/python3/dist-packages/m/__pycache__/packaged.cpython-311.pyc", "etc/a-hardlink"]
     assert {m.mtime for m in members} == {EPOCH}
+    assert members[2].size == 0  # each machine makes its own machine-id
     assert {(m.uname, m.gname) for m in members} == {("", "")}
     assert all(not m.pax_headers for m in members)
 

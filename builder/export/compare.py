@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 from typing import IO
 
-from . import cpio
+from . import cpio, partitions
 from .entry import Entry
 
 MAX_LINES = 200  # per compared pair: enough to name what differs without flooding the terminal
@@ -46,8 +46,8 @@ def tree_entries(root: Path) -> dict[str, Entry]:
     for p in sorted(root.rglob("*")):
         st = p.lstat()
         name = str(p.relative_to(root))
-        if p.is_symlink():
-            out[name] = Entry("link", 0, st.st_mode & 0o7777, int(st.st_mtime), "", str(p.readlink()))
+        if p.is_symlink():  # a copied-out link's time is the copy's (debugfs and mtools cannot set it)
+            out[name] = Entry("link", 0, st.st_mode & 0o7777, 0, "", str(p.readlink()))
         elif p.is_dir():
             out[name] = Entry("dir", 0, st.st_mode & 0o7777, int(st.st_mtime), "")
         elif p.is_file():
@@ -84,6 +84,8 @@ def entries_of(path: Path) -> dict[str, Entry] | None:
     """The files inside an archive or filesystem image; None for any other file."""
     if cpio.is_initramfs(path):
         return cpio.entries(path.read_bytes())
+    if partitions.is_gpt_disk(path):
+        return partitions.disk_entries(path, tree_entries)
     if is_ext4(path):
         return ext4_entries(path)
     if is_tar(path):

@@ -23,6 +23,9 @@ DROPPED = (
     "var/cache/debconf/*-old",
     "var/lib/dpkg/*-old",
 )
+# generated once per machine (systemd's postinst writes one at build time): empty in an image, so
+# that each machine or container makes its own on first boot, as systemd expects
+EMPTIED = ("etc/machine-id",)
 _KEPT_PAX = "SCHILY.xattr."  # extended attributes (file capabilities) stay; times and names go
 
 
@@ -102,5 +105,7 @@ def normalise(layer: Path, out: Path, epoch: int) -> Blob:
                 for m in kept_members(src, epoch):
                     e = _entry(m, epoch)
                     e.name = m.name.removeprefix("./")
-                    dst.addfile(e, src.extractfile(m) if m.isreg() else None)
+                    if m.isreg() and e.name in EMPTIED:
+                        e.size = 0
+                    dst.addfile(e, src.extractfile(m) if e.size else None)
     return Blob(f"sha256:{packed.sha.hexdigest()}", f"sha256:{plain.sha.hexdigest()}", packed.size)
