@@ -86,7 +86,8 @@ def add_commands(sub: Subparsers, export_formats: Subparsers) -> None:
                         "1 different)")
     sp.add_argument("image")
     _common(sp)
-    sp.add_argument("--keep", action="store_true", help="keep both builds, their OCI layouts and engine tags")
+    sp.add_argument("--keep", action="store_true",
+                    help="keep both builds, their OCI layouts and namespaced engine tags")
     sp.add_argument("--no-diffoscope", action="store_true", help="the built-in comparison even where diffoscope "
                     "is installed")
     sp.set_defaults(func=cmd_repro)

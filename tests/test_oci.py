@@ -147,9 +147,9 @@ def isolated_build(tree: Path, side: str, tmp: Path) -> None:
 
 
 def remove_namespace(c: docker.DockerClient, side: str) -> None:
-    from builder.export.twice import clean_up
+    from builder.export.twice import remove_namespaces
 
-    clean_up(c, [f"ocitest{os.getpid()}-{side}"], {})
+    remove_namespaces(c, [f"ocitest{os.getpid()}-{side}"])
 
 
 @pytest.fixture(scope="module")

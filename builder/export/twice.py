@@ -66,23 +66,27 @@ def _image_ids(c: docker.DockerClient, tags: list[str]) -> dict[str, str | None]
     return ids
 
 
-def clean_up(c: docker.DockerClient, namespaces: list[str], before: dict[str, str | None]) -> None:
-    """Remove the namespaced engine tags and point the output tags back where they were."""
+def remove_namespaces(c: docker.DockerClient, namespaces: list[str]) -> None:
+    """Remove every engine tag of the given namespaces (and the images only they held)."""
     for ns in namespaces:
         for repo in (f"{CACHE_REPO}-{ns}", f"{BASE_REPO}-{ns}"):
             for img in c.images.list(name=repo):
                 for tag in img.tags:
                     if tag.startswith(repo + ":"):
                         c.api.remove_image(tag, noprune=False)
+
+
+def restore_tags(c: docker.DockerClient, before: dict[str, str | None]) -> None:
+    """Point the output tags back where they were before the builds (or remove the new ones)."""
     for tag, old in before.items():
         repo, tg = engine.split_ref(tag)
-        if old:
-            c.api.tag(old, repo, tg)
-        else:
-            try:
+        try:
+            if old:
+                c.api.tag(old, repo, tg)
+            else:
                 c.api.remove_image(tag, noprune=False)
-            except docker.errors.APIError:
-                pass
+        except docker.errors.APIError:
+            pass
 
 
 def _compare(c: docker.DockerClient, work: Path, plan: Any, ids: list[str], diffoscope: bool) -> list[str]:
@@ -120,8 +124,9 @@ def repro(tree: Tree, image: str, config: str | None, set_args: list[str], sets:
             ids.append(engine.inspect(c, plan.tags[0])["Id"])
         lines = _compare(c, work, plan, ids, diffoscope)
     finally:
+        restore_tags(c, before)
         if not keep:
-            clean_up(c, namespaces, before)
+            remove_namespaces(c, namespaces)
             shutil.rmtree(work, ignore_errors=True)
     if keep:
         print(f"kept: {work} (builds, logs, OCI layouts) and engine tags of {', '.join(namespaces)}")
