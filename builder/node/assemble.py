@@ -45,7 +45,7 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
 from .netboot import ipxe_script, root_archive
 from .signing import SigningKey, sign_modules
 
-ASSEMBLER_VERSION = 3
+ASSEMBLER_VERSION = 4
 MANIFEST = "node.json"
 
 
@@ -169,6 +169,7 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
 
     def step(what: str, t: Timer) -> None:
         progress.say(name, f"assemble {what:<24} {t.seconds:6.1f}s")
+        progress.output(name, f"{what}: done")
 
     rootfs = work / "rootfs"
     with Timer() as t:

@@ -38,8 +38,7 @@ GRUB_MODULES = "part_gpt ext2 search search_label linux normal serial echo test"
 GRUB_PC_DIR = Path("/usr/lib/grub/i386-pc")
 GRUB_EFI_DIR = Path("/usr/lib/grub/x86_64-efi")
 TOOLS = {"mkfs.ext4": "e2fsprogs", "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mmd": "mtools",
-         "sfdisk": "fdisk", "qemu-img": "qemu-utils", "grub-mkimage": "grub-common",
-         "grub-mkstandalone": "grub-common"}
+         "sfdisk": "fdisk", "qemu-img": "qemu-utils", "grub-mkimage": "grub-common", "debugfs": "e2fsprogs"}
 
 
 def check_tools() -> None:
@@ -133,18 +132,50 @@ def root_disk(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str
           "-E", f"root_owner=0:0,hash_seed={fs_uuid},offset={ROOT_START_MIB * MIB}",
           "-d", str(rootfs), str(disk), f"{art.root_mib}M"], "making the root file system",
          env={"E2FSPROGS_FAKE_TIME": epoch})
+    normalise_times(disk, ROOT_START_MIB * MIB, rootfs, int(epoch))
+
+
+def time_commands(rootfs: Path, epoch: int) -> list[str]:
+    """debugfs commands that give every inode of the tree its mtime clamped to epoch, and that as
+    its atime and ctime too (mkfs.ext4 -d copies the tree's atime and ctime: when it was unpacked).
+    A name debugfs cannot take quoted keeps its times (none in a Debian tree)."""
+    cmds: list[str] = []
+
+    def add(path: str, inside: str) -> None:
+        if not any(ch in inside for ch in '"\\\n'):
+            t = min(int(os.lstat(path).st_mtime), epoch)
+            cmds.extend(f'sif "{inside}" {field} @{t}' for field in ("mtime", "atime", "ctime"))
+
+    add(str(rootfs), "/")
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        rel = os.path.relpath(dirpath, rootfs)
+        prefix = "/" if rel == "." else f"/{rel}/"
+        for name in sorted(dirnames + filenames):
+            add(os.path.join(dirpath, name), prefix + name)
+    return cmds
+
+
+def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
+    """The times of the root ext4 (inside the disk file at offset) made independent of the build."""
+    script = disk.with_name(".debugfs-times")
+    script.write_text("\n".join(time_commands(rootfs, epoch)) + "\n")
+    try:
+        _run(["debugfs", "-w", "-f", str(script), f"{disk}?offset={offset}"], "fixing the root file system's times")
+    finally:
+        script.unlink(missing_ok=True)
 
 
 def boot_loaders(disk: Path, work: Path, key: str, epoch: str) -> None:
-    """A standalone GRUB on the ESP (mkfs.vfat and mtools) and GRUB's core.img in the BIOS boot partition."""
+    """GRUB for UEFI on the ESP (mkfs.vfat and mtools) and GRUB's core.img in the BIOS boot partition:
+    both images with the configuration embedded and the modules built in (grub-mkimage; unlike
+    grub-mkstandalone, whose memdisk carries the build's times, the same bytes on every build)."""
     efi = work / "BOOTX64.EFI"
-    _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"--modules={GRUB_MODULES}",
-          f"--install-modules={GRUB_MODULES} efi_gop efi_uga all_video gzio", "--locales=", "--fonts=",
-          "--themes=", f"boot/grub/grub.cfg={work / 'grub.cfg'}"], "making the UEFI boot loader")
+    _run(["grub-mkimage", "-O", "x86_64-efi", "-o", str(efi), "-c", str(work / "grub.cfg"), "-p", "/boot/grub",
+          *GRUB_MODULES.split(), "efi_gop", "efi_uga", "all_video", "gzio"], "making the UEFI boot loader")
     esp = work / "esp.img"
     esp_id = hashlib.sha256(f"{key}:esp-id".encode()).hexdigest()[:8]
-    _run(["mkfs.vfat", "-C", "-F", "32", "-n", "ESP", "-i", esp_id, str(esp), str(ESP_MIB * 1024)],
-         "making the EFI system partition")
+    _run(["mkfs.vfat", "--invariant", "-C", "-F", "32", "-n", "ESP", "-i", esp_id, str(esp), str(ESP_MIB * 1024)],
+         "making the EFI system partition", env={"SOURCE_DATE_EPOCH": epoch})
     mtools_env = {"MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": epoch}
     _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"], "writing the ESP", env=mtools_env)
     _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"], "writing the ESP", env=mtools_env)

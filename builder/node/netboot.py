@@ -41,11 +41,12 @@ def _compressor() -> list[str]:
 
 
 def root_archive(rootfs: Path, dest: Path, epoch: str) -> str:
-    """The root archive (sorted names, times clamped, numeric owners), hashed while it is written;
+    """The root archive (sorted names, every time the epoch, numeric owners), hashed while it is written;
     returns its sha256."""
     h = hashlib.sha256()
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--sort=name", f"--mtime=@{epoch}",
-                            "--xattrs", "-cf", "-", "."], stdout=subprocess.PIPE)
+                            "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime", "--xattrs",
+                            "-cf", "-", "."], stdout=subprocess.PIPE)
     gz = subprocess.Popen(_compressor(), stdin=tar.stdout, stdout=subprocess.PIPE)
     assert tar.stdout and gz.stdout
     tar.stdout.close()
