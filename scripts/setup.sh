@@ -14,6 +14,7 @@ APT_PACKAGES=(
   prometheus                                            # promtool for alert rules
   packer                                                # Packer export is validated and built for real
   openssh-client                                        # ssh-keygen: the key Packer logs in with
+  openssl kmod zstd                                     # module signing (host openssl), modinfo reads signatures; repro reads the initramfs
   shellcheck                                            # make lint: the package's and the layers' scripts
   git ca-certificates
 )

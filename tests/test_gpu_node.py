@@ -493,3 +493,36 @@ def test_toolkit_version_other_than_the_source_carries_fails_the_build(dgx_node:
     log = proc.stderr + "".join(p.read_text(errors="replace")
                                 for p in (ROOT / "build" / "logs" / "gpu-node").glob("*nvidia-container-runtime*"))
     assert "installed at '1.18.0-1', the image wants 1.17.8-1" in log
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_dgx_h100_disk_carries_the_driver_signed_with_the_key_given_at_build_time(dgx_node: str,
+                                                                                  tmp_path: Path) -> None:
+    """--secret module-signing=PEM: DKMS's nvidia modules signed on the exported tree (the engine's
+    layers keep them unsigned), the certificate beside them for mokutil, the key nowhere."""
+    import tarfile
+
+    from test_module_signing import make_key
+
+    _, _, pem = make_key(tmp_path / "mok", cn="nodeforge test MOK")
+    env = {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build")}
+    proc = subprocess.run([sys.executable, "-m", "builder.cli", "build", "images/gpu-node.yaml", "-c", "dgx-h100",
+                           *offline_sets(dgx_node), "--secret", f"module-signing={pem}", "--format", "netboot"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    signed = re.search(r"signed (\d+) modules with .*nodeforge test MOK", proc.stderr)
+    assert signed and int(signed.group(1)) >= 1, proc.stderr[-3000:]
+    archive = tmp_path / "build" / "images" / "gpu-node" / "rootfs.tar.gz"
+    out = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        wanted = [m for m in tar.getmembers() if re.search(r"/updates/dkms/nvidia-current\.ko$", m.name)
+                  or m.name.endswith("var/lib/nodeforge/module-signing.der")]
+        tar.extractall(out, members=wanted, filter="data")
+    module = next(out.rglob("nvidia-current.ko"))
+    signer = subprocess.run(["modinfo", "-F", "signer", str(module)], capture_output=True, text=True)
+    assert signer.stdout.strip() == "nodeforge test MOK", signer
+    assert next(out.rglob("module-signing.der")).stat().st_size > 0
+    key_line = pem.read_text().splitlines()[1]
+    assert key_line not in proc.stderr and not any(
+        key_line in p.read_text(errors="replace") for p in (tmp_path / "build").rglob("*.log"))

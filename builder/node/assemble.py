@@ -189,16 +189,16 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
     (work / "grub.cfg").write_text(cfg)
 
     # the root archive is made from the tree while the disk is (both only read it)
-    pool = ThreadPoolExecutor(max_workers=1)
+    pool = ThreadPoolExecutor(max_workers=2)
     archive: Future[tuple[str, float]] | None = None
     if "netboot" in formats:
         archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch)
     try:
-        _disks(art, rootfs, work, key, epoch, formats, step)
+        raw_sha = _disks(art, rootfs, work, key, epoch, formats, step, pool)
         shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
         shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", work / "initrd.img")
         art.files.update(kernel="vmlinuz", initrd="initrd.img")
-        known = {}
+        known = {"disk.raw": raw_sha.result()} if raw_sha else {}
         if archive is not None:
             with Timer() as t:
                 root_sha, seconds = archive.result()
@@ -221,8 +221,9 @@ def _timed(fn: Callable[..., str], *args: Any) -> tuple[str, float]:
 
 
 def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, formats: list[str],
-           step: Callable[[str, Timer], None]) -> None:
-    """The raw disk (root ext4 and boot loaders) and the qcow2 made from it."""
+           step: Callable[[str, Timer], None], pool: ThreadPoolExecutor) -> Future[str] | None:
+    """The raw disk (root ext4 and boot loaders) and the qcow2 made from it; the raw disk's sha256
+    is taken while the qcow2 is made (both read it once, from the page cache)."""
     disk = work / "disk.raw"
     with Timer() as t:
         disk_mod.root_disk(disk, art, rootfs, key, epoch)
@@ -230,6 +231,7 @@ def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, f
     with Timer() as t:
         disk_mod.boot_loaders(disk, work, key, epoch)
     step("GRUB for UEFI and BIOS", t)
+    raw_sha = pool.submit(sha256_file, disk) if "raw" in formats else None
     if "qcow2" in formats:
         with Timer() as t:
             _run(["qemu-img", "convert", "-O", "qcow2", str(disk), str(work / "disk.qcow2")], "qcow2 conversion")
@@ -239,6 +241,7 @@ def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, f
         art.files["raw"] = "disk.raw"
     else:
         disk.unlink()  # keep a raw disk only when asked for; boots then use the qcow2
+    return raw_sha
 
 
 def _netboot(art: NodeArtifacts, work: Path, plan: BuildPlan, root_sha: str) -> None:
