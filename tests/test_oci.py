@@ -200,3 +200,39 @@ def test_the_layout_is_valid_and_travels_to_a_registry_by_digest(exported: tuple
     assert "sha256:" + hashlib.sha256(body).hexdigest() == digest
     with gzip.open(a / "blobs" / "sha256" / json.loads(body)["layers"][-1]["digest"][7:]) as g:
         assert "etc/note.txt" in tarfile.open(fileobj=g).getnames()
+
+
+# --- a layout from layer tars, without an engine ------------------------------------------------
+
+def engine_config(layers: int) -> dict[str, object]:
+    return {"architecture": "amd64", "os": "linux", "created": "2026-12-03T17:15:59Z",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+            "history": [{"created": "2026-12-03T17:15:59Z", "created_by": f"step {i}"} for i in range(layers)]}
+
+
+def layout_of(tmp: Path, side: str, stamp: bytes) -> tuple[Path, str]:
+    first = layer(tmp / f"{side}-1.tar", NAMES, LATER, "root")
+    second = tmp / f"{side}-2.tar"
+    with tarfile.open(second, "w") as t:
+        info = tarfile.TarInfo("etc/build-time")
+        info.size, info.mtime = len(stamp), LATER
+        t.addfile(info, io.BytesIO(stamp))
+    digest = oci.write_layout(engine_config(2), [first, second], "example/app:1.0", EPOCH, tmp / f"oci-{side}")
+    return tmp / f"oci-{side}", digest
+
+
+def test_a_layout_passes_skopeo_and_a_differing_layer_is_named(tmp_path: Path) -> None:
+    from builder.export import compare
+
+    a, da = layout_of(tmp_path, "a", b"17:00:00\n")
+    same, dsame = layout_of(tmp_path, "same", b"17:00:00\n")
+    b, db = layout_of(tmp_path, "b", b"17:00:09\n")
+    assert da == dsame != db
+    assert compare.compare_layouts(a, same, diffoscope=False) == []
+    lines = compare.compare_layouts(a, b, diffoscope=False)
+    assert lines[0] == "layer 2 (step 1) differs:" and lines[1].strip() == "differs: etc/build-time"
+    assert oci.layout_repository(a) == "example/app"
+    if shutil.which("skopeo"):
+        out = json.loads(subprocess.run(["skopeo", "inspect", f"oci:{a}:1.0"], capture_output=True, text=True,
+                                        check=True).stdout)
+        assert out["Digest"] == da and len(out["Layers"]) == 2

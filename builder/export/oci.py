@@ -122,12 +122,11 @@ def _blob(layout: Path, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def write_layout(c: docker.DockerClient, source: str, ref: str, epoch: int, layout: Path, work: Path) -> str:
-    """Normalise the engine image `source` into the (new, empty) directory `layout`, named `ref`
-    there; returns the manifest digest."""
+def write_layout(config: dict[str, Any], layers: list[Path], ref: str, epoch: int, layout: Path) -> str:
+    """Normalise an engine image (its config and layer tars, which are used up) into the new
+    directory `layout`, named `ref` there; returns the manifest digest."""
     blobs = layout / "blobs" / "sha256"
     blobs.mkdir(parents=True)
-    config, layers = save(c, source, work)
     descriptors, diff_ids = [], []
     for i, layer in enumerate(layers):
         tmp = blobs / f".layer-{i}"
@@ -159,7 +158,8 @@ def export(c: docker.DockerClient, ref: str, epoch: int, out: Path, source: str 
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
         layout, work = Path(tmp) / "layout", Path(tmp) / "saved"
         work.mkdir()
-        digest = write_layout(c, source or ref, ref, epoch, layout, work)
+        config, layers = save(c, source or ref, work)
+        digest = write_layout(config, layers, ref, epoch, layout)
         if out.exists():
             os.replace(out, Path(tmp) / "old")
         os.replace(layout, out)
