@@ -1,1 +1,1 @@
-"""Exports of a build to other tools (Packer)."""
+"""Exports of a build to other tools (Packer, normalised OCI layouts) and the comparison of two builds."""
