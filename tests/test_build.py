@@ -78,11 +78,13 @@ def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client: do
     (tiny_tree / "layers" / "t2" / "layer.yaml").write_text(small_layer("t2", changed))
     try:
         (second,) = build(tiny_tree, "tiny")
-        assert statuses(second) == {"base": "cached", "t1": "cached", "t2": "built", "t3": "built"}
-        assert second.steps[2].reason == "changed: files /etc/t2.txt"
-        assert second.steps[3].reason == "changed: after layer t2"
+        # the package phase first (nothing changed in it), then one step per layer
+        assert statuses(second) == {"packages": "cached", "base": "cached", "t1": "cached", "t2": "built",
+                                    "t3": "built"}
+        assert second.steps[3].reason == "changed: files /etc/t2.txt"
+        assert second.steps[4].reason == "changed: after layer t2"
         assert cat(second.ref, "/etc/t2.txt") == changed
-        assert first.steps[1].key == second.steps[1].key and first.steps[2].key != second.steps[2].key
+        assert first.steps[2].key == second.steps[2].key and first.steps[3].key != second.steps[3].key
     finally:
         (tiny_tree / "layers" / "t2" / "files" / "t2.txt").write_text("t2")
         (tiny_tree / "layers" / "t2" / "layer.yaml").write_text(small_layer("t2", "t2"))
@@ -144,7 +146,8 @@ def test_rendered_context_builds_with_plain_docker(docker_client: docker.DockerC
     proc = run_cli(tiny_tree, "render", "tiny", str(out))
     assert proc.returncode == 0, proc.stderr
     dockerfile = (out / "Dockerfile").read_text()
-    assert "COPY 02-t1/root/ /" in dockerfile and "# syntax" not in dockerfile
+    assert "COPY 01-packages/root/ /" in dockerfile and "COPY 03-t1/root/ /" in dockerfile
+    assert dockerfile.index("01-packages") < dockerfile.index("03-t1") and "# syntax" not in dockerfile
     assert (out / "bootstrap.sh").read_text().startswith("#!/bin/sh")
     base = result.plan.base
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}
