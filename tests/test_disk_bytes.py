@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 def tree(root: Path) -> Path:
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "hostname.d").mkdir()
+    (root / "etc" / "dev-disk-by\\x2did.device.wants").mkdir()  # systemd's escaping, as the kernel layer has
     (root / "etc" / "fstab").write_text("LABEL=r / ext4 defaults 0 1\n")
     (root / "etc" / "built-at").write_text("a file a build step wrote (its mtime is the build's clock)\n")
     os.symlink("fstab", root / "etc" / "fstab.link")
@@ -77,6 +78,8 @@ def test_time_commands_skip_names_debugfs_cannot_quote(tmp_path: Path) -> None:
     root.mkdir()
     (root / 'a"b').write_text("x")
     (root / "plain").write_text("x")
+    (root / "dev-disk-by\\x2did.device.wants").mkdir()  # systemd's escaping: a backslash debugfs takes as it is
     cmds = disk.time_commands(root, EPOCH)
     assert any('"/plain"' in c for c in cmds) and not any('a"b' in c for c in cmds)
+    assert any('"/dev-disk-by\\x2did.device.wants"' in c for c in cmds)
     assert sum(c.startswith('sif "/" ') for c in cmds) == 3

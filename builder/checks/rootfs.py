@@ -122,6 +122,14 @@ def _package_lists(root: Path) -> list[str]:
         else []
 
 
+BUILD_RECORDS = ("var/log/dpkg.log", "var/log/alternatives.log", "var/log/apt/history.log", "var/log/apt/term.log",
+                 "var/log/apt/eipp.log.xz", "var/cache/ldconfig/aux-cache")
+
+
+def _build_records(root: Path) -> list[str]:
+    return [r for r in BUILD_RECORDS if (root / r).is_file() and (root / r).stat().st_size > 0]
+
+
 def _logs(root: Path) -> list[str]:
     d = root / "var/log"
     return sorted(str(p.relative_to(root)) for p in d.rglob("*") if p.is_file() and p.stat().st_size > 0) \
@@ -169,6 +177,11 @@ ROOTFS_CHECKS: tuple[RootfsCheck, ...] = (
     RootfsCheck(check("rootfs/package-lists", "assemble", "apt package lists left in the image (tens of MB, stale)",
                       "end the layer's installs with `rm -rf /var/lib/apt/lists/*` (packages: does it)"),
                 _package_lists, None),
+    RootfsCheck(check("rootfs/build-records", "assemble",
+                      "what the package managers recorded while building (their logs, ldconfig's aux-cache) holds "
+                      "the build's times: two builds of one image would differ",
+                      "nothing to do: they are removed from the disks and the root archive"),
+                _build_records, _remove),
     RootfsCheck(check("rootfs/logs", "assemble", "log files written while building are shipped in the image",
                       "truncate them in the layer that writes them, or accept them (dpkg and apt logs)"),
                 _logs, None),

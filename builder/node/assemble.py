@@ -45,7 +45,7 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
 from .netboot import ipxe_script, root_archive
 from .signing import SigningKey, sign_modules
 
-ASSEMBLER_VERSION = 4
+ASSEMBLER_VERSION = 5
 MANIFEST = "node.json"
 
 

@@ -127,7 +127,8 @@ ROOTFS_FAULTS: dict[str, tuple[dict[str, str], str]] = {
     "rootfs/private-key": ({"etc/site.key": "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n-----END PRIVATE KEY-----\n"},
                            "fatal"),
     "rootfs/package-lists": ({"var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease": "x"}, "left"),
-    "rootfs/logs": ({"var/log/dpkg.log": "install x\n"}, "left"),
+    "rootfs/build-records": ({"var/log/dpkg.log": "install x\n", "var/cache/ldconfig/aux-cache": "c"}, "removed"),
+    "rootfs/logs": ({"var/log/nodeforge-step.log": "x\n"}, "left"),
     "rootfs/one-kernel": ({"boot/vmlinuz-6.1.0-27-amd64": "k"}, "fatal"),
     "rootfs/initrd": ({"boot/initrd.img-6.1.0-28-amd64": None}, "fatal"),  # type: ignore[dict-item]
 }
@@ -149,6 +150,7 @@ def test_rootfs_check_reports_what_it_found(name: str, tmp_path: Path) -> None:
         if text is None:
             (root / rel).unlink()
         else:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
     findings = rootfs.run(root)
     assert [(f.check.name, f.action) for f in findings] == [(name, action)]
