@@ -97,7 +97,7 @@ def command_list() -> dict[str, str]:
     for line in block.splitlines():
         if line.startswith("nodeforge "):
             words = line.split()
-            current = " ".join(words[1:3]) if words[1] == "export" else words[1]
+            current = " ".join(words[1:3]) if words[1] in ("export", "import") else words[1]
             out[current] = line
         elif current:
             out[current] += "\n" + line
