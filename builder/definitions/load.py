@@ -170,18 +170,10 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     if not path.is_file():
         out.add(rel, None, "", "layer directory has no layer.yaml", "add one or remove the directory")
         return None
-    try:
-        raw = load_file(path, rel)
-    except DefinitionError as e:
-        out.problems.extend(e.problems)
+    loaded = _load_definition(root, path, LAYER, out, (d.name, "directory name"))
+    if loaded is None:
         return None
-    before = len(out.problems)
-    data = validate(LAYER, raw, rel, out)
-    if not data or len(out.problems) > before:
-        return None
-    if data.get("name") and data["name"] != d.name:
-        out.add(rel, line_of(raw, "name"), "name",
-                f"expected the directory name {d.name!r}, found {data['name']!r}", "rename one of them")
+    _, raw, data = loaded
     params: dict[str, Param] = {}
     for pname, p in data.get("params", {}).items():
         choices = tuple(p["choices"]) if p.get("choices") is not None else None
@@ -253,9 +245,10 @@ def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, di
     return refs
 
 
-def _load_definition(root: Path, path: Path, spec: Any, out: Collector) -> tuple[str, Any, dict[str, Any]] | None:
-    """An image or config file read and validated, its name checked against the file name; None when
-    it has problems (they are in `out`)."""
+def _load_definition(root: Path, path: Path, spec: Any, out: Collector,
+                     expected: tuple[str, str] | None = None) -> tuple[str, Any, dict[str, Any]] | None:
+    """A definition file read and validated, its name checked against the file name (or expected:
+    the name and what it is, a layer's directory); None when it has problems (they are in `out`)."""
     rel = _rel(root, path)
     try:
         raw = load_file(path, rel)
@@ -266,9 +259,10 @@ def _load_definition(root: Path, path: Path, spec: Any, out: Collector) -> tuple
     data = validate(spec, raw, rel, out)
     if not data or len(out.problems) > before:
         return None
-    if data.get("name") and data["name"] != path.stem:
-        out.add(rel, line_of(raw, "name"), "name",
-                f"expected the file name {path.stem!r}, found {data['name']!r}", "rename one of them")
+    name, what = expected or (path.stem, "file name")
+    if data.get("name") and data["name"] != name:
+        out.add(rel, line_of(raw, "name"), "name", f"expected the {what} {name!r}, found {data['name']!r}",
+                "rename one of them")
     return rel, raw, data
 
 
