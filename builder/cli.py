@@ -114,6 +114,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from .mirror.commands import offline_mirror
     from .node.signing import load_secrets
     from .pipeline import Builder
     from .progress import Progress
@@ -122,7 +123,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     tree = _tree(args)
     with Progress(quiet=args.quiet, live=True) as progress:  # live status on a terminal, plain lines in logs
         builder = Builder(tree, args.config, _sets(args), progress, locked=args.locked, secrets=secrets,
-                          formats=_formats(args.format))
+                          formats=_formats(args.format), mirror=offline_mirror(args))
         results = builder.build(args.images, jobs=args.jobs)
     print("images:")
     for r in results:
@@ -302,6 +303,8 @@ def _build_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sp.add_argument("--secret", action="append", metavar="NAME=PATH", help="a secret read in place, never copied "
                     "into the image: module-signing=PEM with the key and certificate that sign DKMS modules")
     sp.set_defaults(func=cmd_build)
+    from .mirror.commands import add_command
+    add_command(sub, sp)
 
     sp = sub.add_parser("lock", help="resolve every package to an exact version into images/<name>.lock")
     sp.add_argument("image")
@@ -325,7 +328,6 @@ def _build_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sp.add_argument("--mode", choices=["direct", "uefi", "bios"], default="uefi", help="how the disk boots")
     sp.add_argument("--append", default="", help="extra kernel arguments (direct mode)")
     sp.set_defaults(func=cmd_boot)
-
 
 
 def _publish_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -352,7 +354,6 @@ def _publish_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sp.add_argument("--all", action="store_true", help="list every changed file")
     sp.add_argument("--format", choices=("text", "markdown"), default="text", help="markdown: for a review")
     sp.set_defaults(func=cmd_diff)
-
 
 
 def parser() -> argparse.ArgumentParser:

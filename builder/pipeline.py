@@ -21,7 +21,7 @@ from . import lockfile as lock
 from .compose.image import compose
 from .compose.phases import engine_steps
 from .definitions.load import Tree
-from .engine import bootstrap, initramfs, sbom, trust
+from .engine import bootstrap, initramfs, offline, sbom, trust
 from .engine import cache as rebuild
 from .engine import client as engine
 from .engine import resolve as resolver
@@ -31,10 +31,11 @@ from .engine.labels import oci_labels
 from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
 from .manifest import record as manifest
+from .mirror import offline as mirror_check
 from .node import assemble
 from .node.signing import Secrets
 from .paths import build_dir
-from .plan import BuildPlan, digest
+from .plan import BuildPlan, LayerStep, digest
 from .progress import Progress, Timer
 
 
@@ -65,12 +66,14 @@ class BuildResult:
 class Builder:
     def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
                  locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None,
-                 formats: list[str] | None = None) -> None:
+                 formats: list[str] | None = None, mirror: Path | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
         self.locked = locked
         self.formats = formats  # --format: node outputs of this build, instead of outputs.formats
         self.secrets = secrets or Secrets()  # --secret values, checked; the assembler signs with module_signing
         self.log_dir = log_dir or build_dir(tree.root) / "logs"
+        self.mirror = mirror  # an offline build: no network, packages and bases from this checked mirror
+        self.bases: dict[str, str] = {}  # base key -> tarball in the mirror
         self.results: dict[str, BuildResult] = {}
         self._lock = threading.Lock()
 
@@ -82,6 +85,8 @@ class Builder:
         return plan
 
     def _ensure_locked(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> BuildPlan:
+        if self.mirror:  # offline: mirror_check.prepare found every package locked and mirrored
+            return plan
         if self.locked:
             current = lock.read(self.tree.root, plan.image)
             fresh = resolver.resolve(c, plan, base_ref, self.progress)
@@ -112,6 +117,9 @@ class Builder:
     # --- building -------------------------------------------------------------------------------
     def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
         order = self._closure(images)
+        if self.mirror:  # every file checked and every image covered before anything is used
+            index = mirror_check.prepare(self.tree.root, [self.plan(n) for n in order], self.mirror, self.progress)
+            self.bases = index.bases
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         interrupted = False
         try:
@@ -169,7 +177,8 @@ class Builder:
     def _base(self, c: docker.DockerClient, plan: BuildPlan, parent: BuildResult | None) -> tuple[str, str, str]:
         """(ref to build on, its name and digest for the labels): a bootstrapped base or the parent image."""
         if plan.base.kind == "debian":
-            base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image)
+            tar = self.mirror / self.bases[plan.base.key] if self.mirror else None
+            base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, tar)
             return base_ref, base_ref, engine.inspect(c, base_ref)["Id"]
         assert parent is not None
         self.progress.say(plan.image, f"base image {parent.image:<22} {parent.tags[0]}")
@@ -194,13 +203,11 @@ class Builder:
                     why = rebuild.reason(state.previous(step.layer), fp)
                     self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
                     self.progress.stage(name, f"layer {i}/{n} {step.layer}: building")
-                    with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
-                        write_context(step, Path(tmp))
-                        ca = trust.extra_ca() if step.wheels else ""
-                        engine_build(c, Path(tmp), step_dockerfile(step, ref, plan.base.epoch), tag,
-                                     self.log_dir / name / f"{i:02d}-{step.layer}.log",
-                                     {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
-                                     on_line=lambda line: self.progress.output(name, line))
+                    log = self.log_dir / name / f"{i:02d}-{step.layer}.log"
+                    if self.mirror and plan.install is not None and step.key == plan.install.key:
+                        offline.package_step(c, step, ref, plan.base.epoch, self.mirror, log)
+                    else:
+                        self._engine_step(c, step, ref, plan, tag, log)
                     status = "built"
             self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
             results.append(StepResult(step.layer, step.key, status, t.seconds, why))
@@ -208,6 +215,16 @@ class Builder:
             ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
         state.save()
         return ref, results
+
+    def _engine_step(self, c: docker.DockerClient, step: LayerStep, parent_ref: str, plan: BuildPlan, tag: str,
+                     log: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+            write_context(step, Path(tmp))
+            ca = trust.extra_ca() if step.wheels and not self.mirror else ""
+            engine_build(c, Path(tmp), step_dockerfile(step, parent_ref, plan.base.epoch), tag, log,
+                         {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
+                         on_line=lambda line: self.progress.output(plan.image, line),
+                         network_mode="none" if self.mirror else None)
 
     def _finalise(self, c: docker.DockerClient, plan: BuildPlan, content_ref: str, content_key: str,
                   base: tuple[str, str, str]) -> tuple[str, dict[str, str]]:

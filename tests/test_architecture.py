@@ -25,7 +25,7 @@ RANKS: list[set[str]] = [
     {"repro"},
     {"export"},
     {"pipeline", "verify", "publish", "diff"},
-    {"manifest"},
+    {"manifest", "mirror"},
     {"node"},
     {"engine"},
     {"compose"},

@@ -60,16 +60,19 @@ def tarball(base: Base, progress: Progress, image: str) -> Path:
     return target
 
 
-def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str) -> str:
+def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, tar: Path | None = None) -> str:
+    """The base in the engine: imported from its cached tarball (made first when missing) or, for an
+    offline build, from tar (a mirror's copy)."""
     ref = base_ref(base)
     assert base.debian is not None
     what = f"debian {base.debian['suite']} {base.debian['variant']}"
     if image_exists(c, ref):
         progress.say(image, f"base {what:<28} cached")
         return ref
+    status = "imported" if tar else "built"
     with Timer() as t:
-        tar = tarball(base, progress, image)
+        tar = tar or tarball(base, progress, image)
         c.api.import_image(src=str(tar), repository=base_repo(), tag=base.key,
                            changes=[f"ENV PATH={PATH}", 'CMD ["/bin/bash"]'])
-    progress.say(image, f"base {what:<28} built    {t.seconds:6.1f}s")
+    progress.say(image, f"base {what:<28} {status:<8} {t.seconds:6.1f}s")
     return ref

@@ -61,7 +61,7 @@ def _cache_dir(root: Path, key: str) -> Path:
 def _generate(c: docker.DockerClient, content_ref: str, epoch: int, dest: Path) -> None:
     """update-initramfs in a throwaway container of the image; the initrd files into dest (atomically)."""
     container = c.containers.create(content_ref, ["/bin/sh", "-c", _GENERATE], entrypoint=[], user="root",
-                                    environment={"SOURCE_DATE_EPOCH": str(epoch)},
+                                    environment={"SOURCE_DATE_EPOCH": str(epoch)}, network_mode="none",
                                     labels={"io.nodeforge.role": "initramfs"})
     try:
         container.start()
@@ -115,6 +115,6 @@ def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, 
                 dockerfile = (f"FROM {content_ref}\n# the initramfs, generated once after the last layer "
                               f"(inputs {ikey})\nCOPY boot/ /boot/\n"
                               f"RUN [\"/bin/sh\", \"-c\", {json.dumps(_FINISH)}]\n")
-                engine_build(c, Path(tmp), dockerfile, tag, log_dir / "initramfs.log")
+                engine_build(c, Path(tmp), dockerfile, tag, log_dir / "initramfs.log", network_mode="none")
     progress.say(plan.image, f"initramfs (after the last layer)  {status:<8} {t.seconds:6.1f}s  {ikey[:12]}")
     return tag, final_key, status

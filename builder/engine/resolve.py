@@ -51,7 +51,7 @@ def _script(plan: BuildPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _repo_files(plan: BuildPlan) -> bytes:
+def repo_files(plan: BuildPlan) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for step in plan.steps:
@@ -68,7 +68,7 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
     with Timer() as t:
         container = c.containers.create(base_ref, ["bash", "-c", _script(plan)], labels={"io.nodeforge.role": "lock"})
         try:
-            container.put_archive("/", _repo_files(plan))
+            container.put_archive("/", repo_files(plan))
             container.start()
             status = container.wait(timeout=900)
             if status.get("StatusCode", 1) != 0:

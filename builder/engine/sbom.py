@@ -40,7 +40,7 @@ def _read(c: docker.DockerClient, ref: str) -> str:
     """The package databases, written to a file in a container and read back as an archive: the
     engine's log stream of a short-lived container can lose its tail, an archive cannot."""
     box = c.containers.create(ref, ["-c", f"{{ {_READ}; }} > {_OUT}"], entrypoint=["/bin/sh"], user="root",
-                              labels={SESSION_LABEL: "sbom"})
+                              labels={SESSION_LABEL: "sbom"}, network_mode="none")
     try:
         box.start()
         status = box.wait(timeout=300)

@@ -16,15 +16,17 @@ def step_ref(key: str) -> str:
 
 
 def engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str, log: Path,
-                  buildargs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> None:
-    """One engine build, its output into log (and each line to on_line: the live progress)."""
+                  buildargs: dict[str, str] | None = None, on_line: Callable[[str], None] | None = None,
+                  network_mode: str | None = None) -> None:
+    """One engine build, its output into log (and each line to on_line: the live progress);
+    network_mode "none": its RUN steps have no network."""
     (context / "Dockerfile").write_text(dockerfile)
     log.parent.mkdir(parents=True, exist_ok=True)
     error = None
     with log.open("w") as f:
         f.write(dockerfile + "\n----\n")
         for chunk in c.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
-                                 buildargs=buildargs or None):
+                                 buildargs=buildargs or None, network_mode=network_mode):
             if "stream" in chunk:
                 f.write(chunk["stream"])
                 if on_line and chunk["stream"].strip():

@@ -1,0 +1,133 @@
+"""Air-gapped builds, for real: `nodeforge mirror node-minimal DIR`, then `build --offline --mirror DIR`
+run in a network namespace of its own (`unshare --net`: no interface but loopback; the engine is
+still reached through its file socket), with a build directory, a base cache and an engine
+namespace of its own so that nothing comes from earlier builds. The image holds exactly the locked
+versions and nothing of the mirror. An unlocked package and a tampered .deb stop the build (exit 2)
+before anything is built."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from builder import lockfile
+from builder.debian import parse_dpkg_status
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = "node-minimal"
+TAG = "nodeforge/node-minimal:0.1.0"
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def nodeforge(*argv: str, env: dict[str, str] | None = None, root: Path = ROOT, net: bool = True,
+              timeout: int = 3000) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "builder", "--root", str(root), *argv]
+    if not net:
+        cmd = ["unshare", "--net", "--", *cmd]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env or dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def mirror(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("offline") / "mirror"
+    done = nodeforge("mirror", IMAGE, str(dest))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (dest / "nodeforge-mirror.json").is_file() and (dest / "Release").is_file()
+    return dest
+
+
+def _cleanup(namespace: str) -> None:
+    for repo in (f"nodeforge-cache-{namespace}", f"nodeforge-base-{namespace}"):
+        ids = subprocess.run(["docker", "images", "-q", repo], capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rmi", "-f", *sorted(set(ids))], capture_output=True)
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
+    """An environment sharing nothing with earlier builds; the output tag put back afterwards."""
+    namespace = f"offline{os.getpid()}"
+    try:
+        before = docker_client.api.inspect_image(TAG)["Id"]
+    except docker.errors.ImageNotFound:
+        before = None
+    yield {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build"), "NODEFORGE_CACHE_NAMESPACE": namespace,
+           "NODEFORGE_CACHE": str(tmp_path / "cache")}
+    repo, _, tag = TAG.rpartition(":")
+    if before:
+        docker_client.api.tag(before, repo, tag)
+    else:
+        subprocess.run(["docker", "rmi", TAG], capture_output=True)
+    _cleanup(namespace)
+
+
+def test_the_network_namespace_has_no_network() -> None:
+    probe = ("import socket; print(sorted(n for _, n in socket.if_nameindex()))\n"
+             "try:\n    socket.create_connection(('151.101.2.132', 80), timeout=10)\nexcept OSError as e:\n"
+             "    print('unreachable', e)")
+    done = subprocess.run(["unshare", "--net", "--", sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "['lo']" and "unreachable" in done.stdout
+
+
+def test_offline_build_with_the_network_cut(mirror: Path, isolated: dict[str, str],
+                                            docker_client: docker.DockerClient) -> None:
+    done = nodeforge("build", "--offline", "--mirror", str(mirror), "-c", "default", "--format", "raw", IMAGE,
+                     env=isolated, net=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "match its index" in done.stderr
+    assert "imported" in done.stderr  # the base came from the mirror, not from a cache
+    assert (Path(isolated["NODEFORGE_BUILD_DIR"]) / "images" / IMAGE / "disk.raw").is_file()
+    read = ("cat /var/lib/dpkg/status; echo @@; cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null; "
+            "echo @@; ls -A /var/lib/apt/lists /tmp /mnt")
+    out = docker_client.containers.run(TAG, ["-c", read], entrypoint=["/bin/sh"], user="root", remove=True,
+                                       network_mode="none").decode()
+    status, sources, leftovers = out.split("@@")
+    installed = {f["Package"]: f["Version"] for f in parse_dpkg_status(status).values()}
+    lock = lockfile.read(ROOT, IMAGE)
+    assert lock is not None
+    wanted = {n: v for e in lock.layers.values() for part in e.values() for n, v in part.items()}
+    assert {n: installed.get(n) for n in wanted} == wanted
+    assert "deb.debian.org" in sources and "nodeforge-mirror" not in sources  # the image's own sources
+    assert "nodeforge" not in leftovers and ".deb" not in leftovers
+
+
+def _add_package(tree: Path, layer: str, package: str) -> None:
+    path = tree / "layers" / layer / "layer.yaml"
+    text = path.read_text()
+    assert "  apt: [prometheus-node-exporter]" in text
+    path.write_text(text.replace("  apt: [prometheus-node-exporter]", f"  apt: [prometheus-node-exporter, {package}]"))
+
+
+def test_an_unlocked_package_stops_the_offline_build(mirror: Path, scratch_tree: Path,
+                                                     isolated: dict[str, str]) -> None:
+    _add_package(scratch_tree, "monitoring", "jq")
+    done = nodeforge("build", "--offline", "--mirror", str(mirror), IMAGE, root=scratch_tree, env=isolated,
+                     net=False)
+    assert done.returncode == 2, done.stderr
+    assert "package jq of layer monitoring is not in images/node-minimal.lock" in done.stderr
+    assert "nodeforge lock node-minimal" in done.stderr and "Traceback" not in done.stderr
+    assert "layer 1/" not in done.stderr  # nothing was built
+
+
+def test_a_tampered_deb_fails_the_index_check(mirror: Path, tmp_path: Path, isolated: dict[str, str]) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(mirror, copy, copy_function=os.link)  # hard links: the fixture's mirror stays intact
+    deb = sorted((copy / "debs").glob("prometheus-node-exporter_*.deb"))[0]
+    data = bytearray(deb.read_bytes())
+    data[-100] ^= 0xFF
+    deb.unlink()
+    deb.write_bytes(bytes(data))
+    done = nodeforge("build", "--offline", "--mirror", str(copy), IMAGE, env=isolated, net=False)
+    assert done.returncode == 2, done.stderr
+    assert f"debs/{deb.name}: sha256 differs from the index" in done.stderr
+    assert "layer 1/" not in done.stderr
