@@ -18,6 +18,7 @@ import pytest
 
 from builder import lockfile
 from builder.definitions.load import load_tree
+from builder.export import oci
 from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
 
@@ -76,12 +77,15 @@ def manifest_of(tree: Path) -> Path:
     return tree / "build" / "images" / "mf" / "manifest.json"
 
 
-def test_manifest_of_a_built_container_image(built: tuple[Path, BuildResult]) -> None:
+def test_manifest_of_a_built_container_image(built: tuple[Path, BuildResult], docker_client: docker.DockerClient,
+                                            tmp_path: Path) -> None:
     tree, result = built
     doc = json.loads(manifest_of(tree).read_text())
     assert (doc["image"], doc["kind"], doc["version"], doc["config"], doc["sets"]) == ("mf", "container", "1.0",
                                                                                       None, [])
-    assert doc["engine_image_id"] == result.id and doc["registry_digest"] is None
+    exported = oci.export(docker_client, result.ref, result.plan.base.epoch, tmp_path / "oci")
+    assert doc["image_digest"] == exported and doc["registry_digest"] is None  # what `export oci` writes
+    assert "engine_image_id" not in doc
     assert doc["tags"] == ["nodeforge-test/mf:1.0"] and doc["plan_key"] == result.plan.key
     assert [(x["name"], x["key"]) for x in doc["layers"]] == [(s.layer, s.key) for s in result.plan.steps]
     tools = doc["layers"][0]["parameters"]["tools"]
@@ -101,7 +105,10 @@ def test_manifest_of_a_built_container_image(built: tuple[Path, BuildResult]) ->
     assert doc["lock"] == {"image": "mf", "path": "images/mf.lock", "sha256": sha(tree / "images" / "mf.lock")}
     assert doc["source"] == {"revision": git(tree, "rev-parse", "HEAD"), "dirty": False, "repository": "local"}
     assert doc["kernel_cmdline"] is None and doc["wheels"] == []
-    assert doc["base"]["digest"] == result.labels["org.opencontainers.image.base.digest"]
+    base_id = result.labels["org.opencontainers.image.base.digest"]  # the engine's id of the bootstrapped base
+    assert doc["base"]["digest"] == oci.export(docker_client, doc["base"]["name"], result.plan.base.epoch,
+                                               tmp_path / "oci-base", source=base_id)
+    assert doc["base"]["name"] == "nodeforge-base:" + result.plan.base.key
 
 
 def test_a_second_build_writes_the_same_manifest(built: tuple[Path, BuildResult]) -> None:
@@ -115,11 +122,13 @@ def test_a_second_build_writes_the_same_manifest(built: tuple[Path, BuildResult]
 
 
 def test_provenance_statement(built: tuple[Path, BuildResult]) -> None:
-    tree, result = built
+    tree, _ = built
     stmt = json.loads(manifest_of(tree).with_name("provenance.intoto.json").read_text())
     assert stmt["_type"] == "https://in-toto.io/Statement/v1"
     assert stmt["predicateType"] == "https://slsa.dev/provenance/v1"
+    doc = json.loads(manifest_of(tree).read_text())
     assert {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]} == {
+        "nodeforge-test/mf:1.0": doc["image_digest"].removeprefix("sha256:"),
         "sbom.spdx.json": sha(manifest_of(tree).with_name("sbom.spdx.json")), "manifest.json": sha(manifest_of(tree))}
     definition = stmt["predicate"]["buildDefinition"]
     assert definition["externalParameters"] == {"image": "mf", "config": None, "sets": []}
@@ -127,7 +136,7 @@ def test_provenance_statement(built: tuple[Path, BuildResult]) -> None:
     assert deps["images/mf.lock"]["digest"] == {"sha256": sha(tree / "images" / "mf.lock")}
     assert deps["source"]["digest"] == {"gitCommit": git(tree, "rev-parse", "HEAD")}
     base = next(d for d in definition["resolvedDependencies"] if d["name"].startswith("base:"))
-    assert base["digest"]["sha256"] == result.labels["org.opencontainers.image.base.digest"].removeprefix("sha256:")
+    assert base["digest"]["sha256"] == doc["base"]["digest"].removeprefix("sha256:")
     assert stmt["predicate"]["runDetails"]["builder"]["id"].startswith("https://nodeforge.dev/builder@")
 
 

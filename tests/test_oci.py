@@ -19,7 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder.export import layer_tar, oci
+from builder.export import oci
+from builder.manifest import layer_tar
 
 ROOT = Path(__file__).resolve().parent.parent
 EPOCH = 1735689600

@@ -74,10 +74,3 @@ def test_an_unknown_image_is_a_usage_error(repro_tree: Path) -> None:
     proc = repro(repro_tree, "no-such-image")
     assert proc.returncode == 2 and "no image 'no-such-image'" in proc.stderr
 
-
-@pytest.mark.slow
-def test_a_cuda_image_is_reproducible(docker_client: docker.DockerClient) -> None:
-    """cuda-12.9-base (NVIDIA's cudart wheel on container-base), both built twice in isolation."""
-    proc = repro(ROOT, "cuda-12.9-base")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cuda-12.9-base: reproducible" in proc.stdout

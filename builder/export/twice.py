@@ -26,7 +26,7 @@ from . import compare, oci
 SIDES = ("a", "b")
 
 
-def _build_command(root: Path, image: str, config: str | None, sets: list[str]) -> list[str]:
+def build_command(root: Path, image: str, config: str | None, sets: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "builder", "--root", str(root), "build", image, "-q"]
     if config:
         cmd += ["--config", config]
@@ -36,8 +36,9 @@ def _build_command(root: Path, image: str, config: str | None, sets: list[str]) 
 
 
 def build_isolated(cmd: list[str], build_dir: Path, namespace: str) -> None:
+    """Run `cmd` (a build) with its own build directory and engine namespace ("": the default one)."""
     env = {**os.environ, BUILD_DIR_VARIABLE: str(build_dir), NAMESPACE_VARIABLE: namespace}
-    log = build_dir.parent / f"{namespace}.log"
+    log = build_dir.parent / f"{namespace or build_dir.name}.log"
     with log.open("w") as f:
         proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -45,7 +46,7 @@ def build_isolated(cmd: list[str], build_dir: Path, namespace: str) -> None:
         raise BuildFailed(f"build {namespace} failed (exit {proc.returncode}; log {log}):\n{tail}")
 
 
-def _tags_of_chain(tree: Tree, image: str, config: str | None, sets: list[Any]) -> list[str]:
+def tags_of_chain(tree: Tree, image: str, config: str | None, sets: list[Any]) -> list[str]:
     """The output tags of the image and the images of ours it builds on (each build retags them)."""
     tags: list[str] = []
     name: str | None = image
@@ -56,7 +57,7 @@ def _tags_of_chain(tree: Tree, image: str, config: str | None, sets: list[Any]) 
     return tags
 
 
-def _image_ids(c: docker.DockerClient, tags: list[str]) -> dict[str, str | None]:
+def image_ids(c: docker.DockerClient, tags: list[str]) -> dict[str, str | None]:
     ids: dict[str, str | None] = {}
     for t in tags:
         try:
@@ -112,7 +113,7 @@ def repro(tree: Tree, image: str, config: str | None, set_args: list[str], sets:
           keep: bool = False, diffoscope: bool = True) -> int:
     plan = compose(tree, image, config, sets)
     c = engine.client()
-    before = _image_ids(c, _tags_of_chain(tree, image, config, sets))
+    before = image_ids(c, tags_of_chain(tree, image, config, sets))
     work = Path(tempfile.mkdtemp(prefix=f"nodeforge-repro-{image}-"))
     tag = f"repro{os.getpid()}"
     namespaces = [f"{tag}-{side}" for side in SIDES]
@@ -120,7 +121,7 @@ def repro(tree: Tree, image: str, config: str | None, set_args: list[str], sets:
     try:
         for side, ns in zip(SIDES, namespaces, strict=True):
             print(f"[{image}] build {side.upper()} (namespace {ns}) ...", flush=True)
-            build_isolated(_build_command(tree.root, image, config, set_args), work / f"build-{side}", ns)
+            build_isolated(build_command(tree.root, image, config, set_args), work / f"build-{side}", ns)
             ids.append(engine.inspect(c, plan.tags[0])["Id"])
         lines = _compare(c, work, plan, ids, diffoscope)
     finally:

@@ -11,7 +11,8 @@ from typing import Any
 
 # the build's identity: (manifest field, what a reader calls it)
 _IDENTITY = (("image", "image"), ("kind", "kind"), ("version", "version"), ("config", "config"),
-             ("sets", "--set"), ("plan_key", "plan key"), ("engine_image_id", "engine image id"),
+             ("sets", "--set"), ("plan_key", "plan key"), ("image_digest", "image digest"),
+             ("engine_image_id", "engine image id"),  # format 1 manifests
              ("registry_digest", "registry digest"), ("base", "base"), ("lock", "lock"),
              ("inherited_locks", "locks of parent images"), ("source", "source revision"),
              ("builder", "builder"))

@@ -23,8 +23,11 @@ from ..engine import sbom
 from ..engine.labels import git_source
 from ..node.assemble import NodeArtifacts
 from ..plan import BuildPlan
+from .image_digest import Digests
+from .oci_image import scrub
 
-FORMAT = 1
+FORMAT = 2  # 2: the image and its base by their normalised OCI digests, no engine image id
+READABLE = (1, 2)  # what `nodeforge diff` still reads
 NAME = "manifest.json"
 
 
@@ -152,8 +155,10 @@ def _lock_record(root: Path, image: str) -> dict[str, str] | None:
     return {"image": image, "path": str(p.relative_to(root)), "sha256": file_sha256(p)} if p.is_file() else None
 
 
-def document(tree: Tree, plan: BuildPlan, image_id: str, labels: dict[str, str],
+def document(tree: Tree, plan: BuildPlan, digests: Digests, labels: dict[str, str],
              node: NodeArtifacts | None) -> dict[str, Any]:
+    """Nothing in it depends on the build host, the build directory or the engine's cache: two
+    isolated builds of the same definitions and lock write the same bytes."""
     root = tree.root
     images = ancestry(tree, plan.image)
     chain = [(i, lk) for i in images if (lk := lockfile.read(root, i)) is not None]
@@ -162,11 +167,11 @@ def document(tree: Tree, plan: BuildPlan, image_id: str, labels: dict[str, str],
         "format": FORMAT,
         "image": plan.image, "kind": plan.kind, "version": plan.version, "summary": plan.summary,
         "config": plan.config, "sets": list(plan.sets), "tags": list(plan.tags),
-        "plan_key": plan.key, "engine_image_id": image_id, "registry_digest": None,
+        "plan_key": plan.key, "image_digest": digests.image, "registry_digest": None,
         "source_date_epoch": plan.base.epoch,
         "base": {"kind": plan.base.kind, "key": plan.base.key, "image": plan.base.image, "debian": plan.base.debian,
-                 "name": labels.get("org.opencontainers.image.base.name"),
-                 "digest": labels.get("org.opencontainers.image.base.digest")},
+                 "name": scrub(labels.get("org.opencontainers.image.base.name") or "") or None,
+                 "digest": digests.base},
         "layers": _layers(plan),
         "packages": _packages([lk for _, lk in chain], debs),
         "wheels": _wheels(chain),
@@ -202,6 +207,6 @@ def write_atomically(path: Path, data: bytes) -> None:
 def load(path: Path) -> dict[str, Any]:
     """A manifest file, checked for its format; ValueError says what is wrong."""
     doc = json.loads(path.read_text())
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "layers" not in doc:
-        raise ValueError(f"not a nodeforge manifest (format {FORMAT})")
+    if not isinstance(doc, dict) or doc.get("format") not in READABLE or "layers" not in doc:
+        raise ValueError(f"not a nodeforge manifest (format {', '.join(map(str, READABLE))})")
     return doc

@@ -1,7 +1,8 @@
 """The provenance of a build: an in-toto Statement v1 with a SLSA provenance v1 predicate, made
 from the manifest alone (so it is as deterministic as the manifest: no wall-clock time).
 
-Subjects: every output with its sha256, and the manifest itself. External parameters: what the
+Subjects: the image by its normalised OCI digest (named by its first tag), every output with its
+sha256, and the manifest itself. External parameters: what the
 user asked for (image, config, --set). Resolved dependencies: the source tree, the base and the
 lock files."""
 
@@ -49,8 +50,10 @@ def _dependencies(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def statement(manifest: dict[str, Any], manifest_name: str, manifest_sha256: str) -> dict[str, Any]:
-    subjects = [{"name": name, "digest": {"sha256": out["sha256"]}}
-                for name, out in sorted(manifest["outputs"].items())]
+    subjects = [{"name": manifest["tags"][0], "digest": _sha256(manifest["image_digest"])}] if (
+        manifest.get("image_digest") and manifest.get("tags")) else []
+    subjects += [{"name": name, "digest": {"sha256": out["sha256"]}}
+                 for name, out in sorted(manifest["outputs"].items())]
     subjects.append({"name": manifest_name, "digest": {"sha256": manifest_sha256}})
     return {
         "_type": STATEMENT_TYPE,
@@ -63,7 +66,7 @@ def statement(manifest: dict[str, Any], manifest_name: str, manifest_sha256: str
                                        "sets": manifest["sets"]},
                 "internalParameters": {"planKey": manifest["plan_key"], "kind": manifest["kind"],
                                        "sourceDateEpoch": manifest["source_date_epoch"],
-                                       "engineImageId": manifest["engine_image_id"]},
+                                       "imageDigest": manifest.get("image_digest")},
                 "resolvedDependencies": _dependencies(manifest),
             },
             "runDetails": {

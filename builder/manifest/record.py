@@ -10,12 +10,13 @@ from ..definitions.load import Tree
 from ..node.assemble import NodeArtifacts
 from ..plan import BuildPlan
 from . import document, provenance
+from .image_digest import Digests
 
 
-def write(tree: Tree, plan: BuildPlan, image_id: str, labels: dict[str, str],
+def write(tree: Tree, plan: BuildPlan, digests: Digests, labels: dict[str, str],
           node: NodeArtifacts | None) -> Path:
     """Write the manifest and its provenance statement; the manifest's path."""
-    doc = document.document(tree, plan, image_id, labels, node)
+    doc = document.document(tree, plan, digests, labels, node)
     data = document.dumps(doc)
     path = document.path_for(tree.root, plan.image)
     document.write_atomically(path, data)

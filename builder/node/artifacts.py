@@ -33,4 +33,5 @@ class NodeArtifacts:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("cached")
+        data.pop("dir")  # where it lies: assemble.load sets it, and two build directories write the same file
         return data

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def manifest(**changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "format": 1, "image": "n", "kind": "node", "version": "1.0", "summary": "s", "config": "default",
-        "sets": [], "tags": ["nodeforge/n:1.0"], "plan_key": "a" * 64, "engine_image_id": "sha256:" + "1" * 64,
+        "format": 2, "image": "n", "kind": "node", "version": "1.0", "summary": "s", "config": "default",
+        "sets": [], "tags": ["nodeforge/n:1.0"], "plan_key": "a" * 64, "image_digest": "sha256:" + "1" * 64,
         "registry_digest": None, "source_date_epoch": 1735689600,
         "base": {"kind": "debian", "key": "b" * 64, "image": None, "debian": {"suite": "bookworm"},
                  "name": "nodeforge-base:bbb", "digest": "sha256:" + "2" * 64},
@@ -144,6 +144,11 @@ def test_manifest_files_through_the_cli(tmp_path: Path) -> None:
     assert wrong.returncode == 2 and "not a nodeforge manifest" in wrong.stderr
     missing = run(str(a), str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "cannot read the manifest" in missing.stderr
+    old = tmp_path / "format-1.json"  # written before manifests carried the OCI digest: still read
+    first = {k: v for k, v in manifest().items() if k != "image_digest"}
+    old.write_bytes(document.dumps({**first, "format": 1, "engine_image_id": "sha256:" + "7" * 64}))
+    proc = run(str(old), str(a))
+    assert proc.returncode == 1 and f"  ~ image digest null -> {'1' * 12}" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_provenance_statement_of_a_manifest() -> None:
@@ -151,7 +156,8 @@ def test_provenance_statement_of_a_manifest() -> None:
     stmt = provenance.statement(doc, "manifest.json", "m" * 64)
     assert stmt["_type"] == "https://in-toto.io/Statement/v1"
     assert stmt["predicateType"] == "https://slsa.dev/provenance/v1"
-    assert stmt["subject"] == [{"name": "disk.raw", "digest": {"sha256": "3" * 64}},
+    assert stmt["subject"] == [{"name": "nodeforge/n:1.0", "digest": {"sha256": "1" * 64}},  # the image
+                               {"name": "disk.raw", "digest": {"sha256": "3" * 64}},
                                {"name": "sbom.spdx.json", "digest": {"sha256": "4" * 64}},
                                {"name": "manifest.json", "digest": {"sha256": "m" * 64}}]
     build = stmt["predicate"]["buildDefinition"]
@@ -265,8 +271,8 @@ def test_resolver_output_gives_each_locked_deb_its_sha256_and_origin() -> None:
 
 def test_build_identity_changes_keep_names_whole_and_shorten_digests() -> None:
     long_config = "configs/site-a-rack-07-nvlink-h100-partition-b.yaml"
-    b = manifest(config=long_config, sets=["sysctl.swappiness=10"], engine_image_id="sha256:" + "9" * 64)
+    b = manifest(config=long_config, sets=["sysctl.swappiness=10"], image_digest="sha256:" + "9" * 64)
     lines = compare.text("a", "b", compare.compare(manifest(), b))
     assert f"  ~ config default -> {long_config}" in lines
     assert '  ~ --set [] -> ["sysctl.swappiness=10"]' in lines
-    assert f"  ~ engine image id {'1' * 12} -> {'9' * 12}" in lines
+    assert f"  ~ image digest {'1' * 12} -> {'9' * 12}" in lines

@@ -15,6 +15,7 @@ from builder.compose import compose
 from builder.definitions.load import load_tree
 from builder.engine import sbom
 from builder.manifest import document, provenance, record
+from builder.manifest.image_digest import Digests
 from builder.node.assemble import NodeArtifacts
 from builder.paths import BUILD_DIR_VARIABLE
 
@@ -65,12 +66,14 @@ def test_node_manifest_records_layers_packages_outputs_and_lock(tree_copy: Path)
     labels = {sbom.LABEL: sha(sbom_path), "org.opencontainers.image.base.name": "nodeforge-base:" + plan.base.key,
               "org.opencontainers.image.base.digest": "sha256:" + "d" * 64}
     node = node_artifacts(sbom_path.parent, "root=LABEL=nodeforge-root ro console=ttyS0,115200n8 iommu=pt")
-    path = record.write(tree, plan, "sha256:" + "e" * 64, labels, node)
+    path = record.write(tree, plan, Digests("sha256:" + "e" * 64, "sha256:" + "b" * 64), labels, node)
 
     assert path == sbom_path.parent / "manifest.json"
     doc = json.loads(path.read_text())
     assert (doc["image"], doc["kind"], doc["config"], doc["sets"]) == ("node-minimal", "node", "default", [])
-    assert doc["engine_image_id"] == "sha256:" + "e" * 64 and doc["registry_digest"] is None
+    assert doc["image_digest"] == "sha256:" + "e" * 64 and doc["registry_digest"] is None
+    assert "engine_image_id" not in doc  # differs between two isolated builds of the same content
+    assert doc["base"]["digest"] == "sha256:" + "b" * 64 and doc["base"]["name"] == "nodeforge-base:" + plan.base.key
     assert doc["plan_key"] == plan.key and doc["source_date_epoch"] == plan.base.epoch
     assert [(x["name"], x["key"]) for x in doc["layers"]] == [(s.layer, s.key) for s in plan.steps]
     sysctl = next(x for x in doc["layers"] if x["name"] == "sysctl")
@@ -94,6 +97,7 @@ def test_node_manifest_records_layers_packages_outputs_and_lock(tree_copy: Path)
     stmt = json.loads((path.parent / provenance.NAME).read_text())
     subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
     assert subjects["manifest.json"] == sha(path) and subjects["disk.raw"] == "1" * 64
+    assert subjects[plan.tags[0]] == "e" * 64  # the image by its normalised OCI digest
     assert stmt["predicate"]["buildDefinition"]["externalParameters"] == {
         "image": "node-minimal", "config": "default", "sets": []}
     assert stmt["predicate"]["runDetails"]["builder"]["id"] == (
@@ -109,7 +113,7 @@ def test_manifest_is_the_same_bytes_from_the_same_build(tree_copy: Path, tmp_pat
     for build_dir in ("build-one", "build-one", "build-two"):
         monkeypatch.setenv(BUILD_DIR_VARIABLE, str(tmp_path / build_dir))
         d = sbom.path_for(tree_copy, "node-minimal").parent
-        path = record.write(tree, plan, "sha256:" + "e" * 64, {}, node_artifacts(d, "root=LABEL=r ro"))
+        path = record.write(tree, plan, Digests("sha256:" + "e" * 64, None), {}, node_artifacts(d, "root=LABEL=r ro"))
         out.append((path.read_bytes(), (path.parent / provenance.NAME).read_bytes()))
     assert out[0] == out[1] == out[2]
     doc = json.loads(out[0][0])
@@ -121,7 +125,7 @@ def test_manifest_is_the_same_bytes_from_the_same_build(tree_copy: Path, tmp_pat
 def test_child_image_lists_every_wheel_and_the_locks_it_builds_on(tree_copy: Path) -> None:
     tree = load_tree(tree_copy)
     plan = compose(tree, "cupy-cuda12.9", None)
-    doc = document.document(tree, plan, "sha256:" + "e" * 64, {}, None)
+    doc = document.document(tree, plan, Digests("sha256:" + "e" * 64, None), {}, None)
     chain = document.ancestry(tree, "cupy-cuda12.9")
     assert chain[0] == "cupy-cuda12.9" and chain[-1] == "container-base"
     assert [x["image"] for x in doc["inherited_locks"]] == chain[1:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import hashlib
+import os
 import struct
 import tarfile
 from dataclasses import dataclass
@@ -93,9 +94,10 @@ def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
     return sorted(kept, key=lambda m: (m.islnk(), m.name.removeprefix("./")))
 
 
-def normalise(layer: Path, out: Path, epoch: int) -> Blob:
-    """Write `layer` (an uncompressed tar) normalised and gzip-compressed to `out`."""
-    with tarfile.open(layer) as src, out.open("wb") as raw:
+def normalise(layer: Path, out: Path | None, epoch: int) -> Blob:
+    """Write `layer` (an uncompressed tar) normalised and gzip-compressed to `out` (None: only its
+    digests and size, nothing written)."""
+    with tarfile.open(layer) as src, open(out if out is not None else os.devnull, "wb") as raw:
         packed = _Hashing(raw)
         with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=packed,
                            mtime=0) as gz:
