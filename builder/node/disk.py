@@ -160,7 +160,8 @@ def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
     script = disk.with_name(".debugfs-times")
     script.write_text("\n".join(time_commands(rootfs, epoch)) + "\n")
     try:
-        _run(["debugfs", "-w", "-f", str(script), f"{disk}?offset={offset}"], "fixing the root file system's times")
+        _run(["debugfs", "-w", "-f", str(script), f"{disk}?offset={offset}"], "fixing the root file system's times",
+             env={"E2FSPROGS_FAKE_TIME": str(epoch)})  # its superblock's last write time, when it writes one
     finally:
         script.unlink(missing_ok=True)
 
