@@ -21,7 +21,7 @@ from .client import inspect
 from .dockerfile import APPLY_DIR, write_context
 from .steps import step_ref
 
-MOUNT = "/mnt/nodeforge-mirror"  # /mnt exists in every Debian root: no mount point is left behind
+MOUNT = "/mnt"  # exists in every Debian root: the run creates no mount point that a commit would keep
 _CONF = "/tmp/nodeforge-offline-apt.conf"
 _LIST = "/tmp/nodeforge-offline-apt.list"
 # what the committed image keeps of the container's configuration: the parent's, as a RUN keeps it

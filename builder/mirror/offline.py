@@ -4,6 +4,7 @@ layers in the mirror and nothing unlocked (a package not in the lock cannot be r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .. import lockfile
@@ -44,6 +45,10 @@ def _plan_problems(root: Path, plan: BuildPlan, index: Index, mirror: Path) -> l
 
 def prepare(root: Path, plans: list[BuildPlan], mirror: Path, progress: Progress) -> Index:
     """The mirror's index, once every file is verified and every plan is covered; else exit 2."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        raise UsageError(f"offline build: the engine at DOCKER_HOST={host} cannot mount the mirror {mirror}; "
+                         "build offline with the local engine (unset DOCKER_HOST)")
     with Timer() as t:
         index = check(mirror)
     size = sum(f["size"] for f in index.files.values())

@@ -161,3 +161,19 @@ def test_mirror_refuses_a_directory_it_did_not_make(tmp_path: Path, capsys: pyte
     assert main(["--root", str(ROOT), "mirror", "node-minimal", str(tmp_path / "out")]) == 2
     assert "is not a nodeforge mirror" in capsys.readouterr().err
     assert (tmp_path / "out" / "keep").read_text() == "mine"
+
+
+def test_the_offline_package_step_points_apt_at_the_mirror_for_its_run_only() -> None:
+    from builder.engine.offline import MOUNT, command
+
+    tree = load_tree(ROOT)
+    plan = compose(tree, "node-minimal", None, [])
+    assert plan.install is not None
+    argv = command(plan.install, plan.base.epoch)
+    script = argv[-1]
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert f"deb [trusted=yes] file:{MOUNT} ./" in script
+    assert "Dir::Etc::SourceParts" in script and "Dir::Etc::SourceList" in script
+    run = next(line for line in script.splitlines() if "APT_CONFIG=" in line)
+    assert run.endswith(f"SOURCE_DATE_EPOCH={plan.base.epoch} /bin/bash /usr/lib/nodeforge/layers/packages.sh")
+    assert script.splitlines()[-1].startswith("rm -f /tmp/nodeforge-offline-apt.conf")
