@@ -41,7 +41,8 @@ def write(root: Path, stanzas: list[str]) -> list[str]:
     packages = "\n".join(sorted(stanzas)).encode()
     (root / "Packages").write_bytes(packages)
     (root / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    lines = ["Origin: nodeforge", "Label: nodeforge mirror",
+    # a fixed date in the past: the same bytes every time, and never "not valid yet" on a slow clock
+    lines = ["Origin: nodeforge", "Label: nodeforge mirror", "Date: Thu, 01 Jan 1970 00:00:00 UTC",
              "Description: the locked packages of nodeforge images, for offline builds", "SHA256:"]
     for name in ("Packages", "Packages.gz"):
         data = (root / name).read_bytes()
