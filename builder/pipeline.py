@@ -30,7 +30,6 @@ from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
 from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
-from .manifest import image_digest
 from .manifest import record as manifest
 from .mirror import offline as mirror_check
 from .node import assemble
@@ -222,10 +221,17 @@ class Builder:
         with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
             write_context(step, Path(tmp))
             ca = trust.extra_ca() if step.wheels and not self.mirror else ""
-            engine_build(c, Path(tmp), step_dockerfile(step, parent_ref, plan.base.epoch), tag, log,
-                         {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
-                         on_line=lambda line: self.progress.output(plan.image, line),
-                         network_mode="none" if self.mirror else None)
+            try:
+                engine_build(c, Path(tmp), step_dockerfile(step, parent_ref, plan.base.epoch), tag, log,
+                             {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
+                             on_line=lambda line: self.progress.output(plan.image, line),
+                             network_mode="none" if self.mirror else None)
+            except BuildFailed as e:
+                if not self.mirror:
+                    raise
+                raise BuildFailed(f"{e}\nthis is an offline build: a step of layer {step.layer} that downloads "
+                                  "(a vendor install) cannot; give it its files another way (a layer parameter "
+                                  "such as an offline source) or build it where the network is") from None
 
     def _finalise(self, c: docker.DockerClient, plan: BuildPlan, content_ref: str, content_key: str,
                   base: tuple[str, str, str]) -> tuple[str, dict[str, str]]:
@@ -246,15 +252,6 @@ class Builder:
             repo, tg = engine.split_ref(tag)
             c.api.tag(meta_ref, repo, tg)
         return meta_ref, labels
-
-    def _record(self, c: docker.DockerClient, plan: BuildPlan, image_id: str, labels: dict[str, str],
-                node: assemble.NodeArtifacts | None) -> None:
-        """manifest.json and its provenance, with the image's normalised OCI digest (cached by engine id)."""
-        self.progress.stage(plan.image, "OCI digest")
-        with Timer() as t:
-            digests = image_digest.of_build(c, plan, image_id, labels)
-        self.progress.say(plan.image, f"OCI digest {digests.image[:19]}      {t.seconds:6.1f}s")
-        manifest.write(self.tree, plan, digests, labels, node)
 
     def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
         """The whole pipeline for one image: base, lock policy, layer steps, the initramfs step of a
@@ -280,7 +277,7 @@ class Builder:
             node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
                                       signing=self.secrets.module_signing)
                     if plan.kind == "node" else None)
-            self._record(c, plan, info["Id"], labels, node)
+            manifest.write(self.tree, plan, info["Id"], labels, node)  # manifest.json and its provenance
         self.progress.done(name)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
