@@ -30,6 +30,7 @@ from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
 from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
+from .manifest import image_digest
 from .manifest import record as manifest
 from .mirror import offline as mirror_check
 from .node import assemble
@@ -253,6 +254,15 @@ class Builder:
             c.api.tag(meta_ref, repo, tg)
         return meta_ref, labels
 
+    def _record(self, c: docker.DockerClient, plan: BuildPlan, image_id: str, labels: dict[str, str],
+                node: assemble.NodeArtifacts | None) -> None:
+        """manifest.json and its provenance, with the image's normalised OCI digest (cached by engine id)."""
+        self.progress.stage(plan.image, "OCI digest")
+        with Timer() as t:
+            digests = image_digest.of_build(c, plan, image_id, labels)
+        self.progress.say(plan.image, f"OCI digest {digests.image[:19]}      {t.seconds:6.1f}s")
+        manifest.write(self.tree, plan, digests, labels, node)
+
     def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
         """The whole pipeline for one image: base, lock policy, layer steps, the initramfs step of a
         node, SBOM and labels, assembly of a node's disks."""
@@ -277,7 +287,7 @@ class Builder:
             node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
                                       signing=self.secrets.module_signing)
                     if plan.kind == "node" else None)
-            manifest.write(self.tree, plan, info["Id"], labels, node)  # manifest.json and its provenance
+            self._record(c, plan, info["Id"], labels, node)
         self.progress.done(name)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
