@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "node-minimal"
 TAG = "nodeforge/node-minimal:0.1.0"
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow,
+              pytest.mark.skipif(subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0,
+                                 reason="unshare --net is not permitted here (it needs root)")]
 
 
 def nodeforge(*argv: str, env: dict[str, str] | None = None, root: Path = ROOT, net: bool = True,
