@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +18,10 @@ from builder import lockfile
 from builder.cli import main
 from builder.compose.image import compose
 from builder.definitions.load import load_tree
-from builder.errors import UsageError
+from builder.errors import EnvironmentProblem, UsageError
 from builder.mirror import index as mirror_index
 from builder.mirror import repo
+from builder.mirror.gather import _record_debs, base_packages
 from builder.mirror.offline import prepare
 from builder.progress import Progress
 
@@ -177,3 +181,56 @@ def test_the_offline_package_step_points_apt_at_the_mirror_for_its_run_only() ->
     run = next(line for line in script.splitlines() if "APT_CONFIG=" in line)
     assert run.endswith(f"SOURCE_DATE_EPOCH={plan.base.epoch} /bin/bash /usr/lib/nodeforge/layers/packages.sh")
     assert script.splitlines()[-1].startswith("rm -f /tmp/nodeforge-offline-apt.conf")
+
+
+def _deb(tmp: Path, name: str, version: str) -> Path:
+    """A real (empty) .deb made by dpkg-deb."""
+    src = tmp / f"src-{name}"
+    (src / "DEBIAN").mkdir(parents=True)
+    (src / "DEBIAN" / "control").write_text(f"Package: {name}\nVersion: {version}\nArchitecture: all\n"
+                                            "Maintainer: t <t@example.org>\nDescription: test\n")
+    out = tmp / "debs" / f"{name}_{version.replace(':', '%3a')}_all.deb"
+    out.parent.mkdir(exist_ok=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(src), str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+def test_downloaded_debs_are_checked_against_the_lock_and_named_without_epoch(tmp_path: Path) -> None:
+    a, b = _deb(tmp_path, "pkga", "1:2.0-1"), _deb(tmp_path, "pkgb", "3")
+    sha_a = hashlib.sha256(a.read_bytes()).hexdigest()
+    lock = lockfile.Lock("img", "k", {"l": {"direct": {"pkga": "1:2.0-1"}, "deps": {"pkgb": "3"}}},
+                         archives={"pkga": {"version": "1:2.0-1", "sha256": sha_a}})
+    idx = mirror_index.Index()
+    wanted = {("pkga", "1:2.0-1"): "img/l", ("pkgb", "3"): "img/l"}
+    assert _record_debs([a, b], wanted, {"img": lock}, tmp_path, idx) == 1
+    assert idx.packages["pkga"]["1:2.0-1"] == {"file": "debs/pkga_2.0-1_all.deb", "sha256_from": "lock"}
+    assert idx.packages["pkgb"]["3"]["sha256_from"] == "download"
+    assert idx.files["debs/pkga_2.0-1_all.deb"]["sha256"] == sha_a
+
+
+def test_a_deb_that_differs_from_the_lock_is_refused(tmp_path: Path) -> None:
+    a = _deb(tmp_path, "pkga", "1")
+    lock = lockfile.Lock("img", "k", {"l": {"direct": {"pkga": "1"}, "deps": {}}},
+                         archives={"pkga": {"version": "1", "sha256": "0" * 64}})
+    with pytest.raises(EnvironmentProblem, match="differs from the lock"):
+        _record_debs([a], {("pkga", "1"): "img/l"}, {"img": lock}, tmp_path, mirror_index.Index())
+
+
+def test_a_locked_package_that_did_not_come_is_named(tmp_path: Path) -> None:
+    a = _deb(tmp_path, "pkga", "1")
+    lock = lockfile.Lock("img", "k", {"l": {"direct": {"pkga": "1", "pkgc": "2"}, "deps": {}}})
+    with pytest.raises(UsageError, match=r"no \.deb came for pkgc=2 \(img/l\)"):
+        _record_debs([a], {("pkga", "1"): "img/l", ("pkgc", "2"): "img/l"}, {"img": lock}, tmp_path,
+                     mirror_index.Index())
+
+
+def test_the_packages_of_a_base_tarball_are_read_from_its_dpkg_status(tmp_path: Path) -> None:
+    status = (b"Package: libc6\nStatus: install ok installed\nVersion: 2.36-9\n\n"
+              b"Package: gone\nStatus: deinstall ok config-files\nVersion: 1\n")
+    tar = tmp_path / "base.tar"
+    with tarfile.open(tar, "w") as t:
+        info = tarfile.TarInfo("./var/lib/dpkg/status")
+        info.size = len(status)
+        t.addfile(info, io.BytesIO(status))
+    assert base_packages(tar) == {("libc6", "2.36-9")}
