@@ -126,8 +126,12 @@ BUILD_RECORDS = ("var/log/dpkg.log", "var/log/alternatives.log", "var/log/apt/hi
                  "var/log/apt/eipp.log.xz", "var/cache/ldconfig/aux-cache")
 
 
+BUILD_LOGS = "var/lib/dkms/*/*/*/*/log/make.log"  # DKMS's: the date and the build container's name
+
+
 def _build_records(root: Path) -> list[str]:
-    return [r for r in BUILD_RECORDS if (root / r).is_file() and (root / r).stat().st_size > 0]
+    logs = sorted(str(p.relative_to(root)) for p in root.glob(BUILD_LOGS) if p.is_file())
+    return [r for r in BUILD_RECORDS if (root / r).is_file() and (root / r).stat().st_size > 0] + logs
 
 
 def _logs(root: Path) -> list[str]:

@@ -23,6 +23,7 @@ DROPPED = (
     "var/log/apt/*",
     "var/cache/debconf/*-old",
     "var/lib/dpkg/*-old",
+    "var/lib/dkms/*/log/make.log",  # DKMS's build log: the date and the build container's name
 )
 # generated once per machine (systemd's postinst writes one at build time): empty in an image, so
 # that each machine or container makes its own on first boot, as systemd expects
