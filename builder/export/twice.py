@@ -27,7 +27,7 @@ SIDES = ("a", "b")
 
 
 def build_command(root: Path, image: str, config: str | None, sets: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "builder", "--root", str(root), "build", image, "-q"]
+    cmd = [sys.executable, "-m", "builder", "--root", str(root), "build", image]  # the log says where time went
     if config:
         cmd += ["--config", config]
     for s in sets:
