@@ -127,7 +127,8 @@ ROOTFS_FAULTS: dict[str, tuple[dict[str, str], str]] = {
     "rootfs/private-key": ({"etc/site.key": "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n-----END PRIVATE KEY-----\n"},
                            "fatal"),
     "rootfs/package-lists": ({"var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease": "x"}, "left"),
-    "rootfs/build-records": ({"var/log/dpkg.log": "install x\n", "var/cache/ldconfig/aux-cache": "c"}, "removed"),
+    "rootfs/build-records": ({"var/log/dpkg.log": "install x\n", "var/cache/ldconfig/aux-cache": "c",
+                              "var/lib/dkms/m/1.0/6.1.0-28-amd64/x86_64/log/make.log": "DKMS make.log\n"}, "removed"),
     "rootfs/logs": ({"var/log/nodeforge-step.log": "x\n"}, "left"),
     "rootfs/one-kernel": ({"boot/vmlinuz-6.1.0-27-amd64": "k"}, "fatal"),
     "rootfs/initrd": ({"boot/initrd.img-6.1.0-28-amd64": None}, "fatal"),  # type: ignore[dict-item]
