@@ -1,8 +1,8 @@
-"""Stage 6: node images become disks and netboot artifacts. The image's file system is exported,
-checked (checks.rootfs), modules signed where a key is given, then the outputs are made: the disk
-(node.disk) and its qcow2, and the root archive (node.netboot) at the same time, each hashed as it
-is written where it can be; kernel, initramfs, boot.ipxe and SHA256SUMS beside them. An unchanged
-image is not re-assembled (the assembly key)."""
+"""Stage 6: node images become disks and netboot artifacts. The image's file system is mounted
+from the engine's layers or exported (node.tree), checked (checks.rootfs), modules signed where a
+key is given, then the outputs are made: the disk (node.disk) and its qcow2, and the root archive
+(node.netboot) at the same time, each hashed as it is written where it can be; kernel, initramfs,
+boot.ipxe and SHA256SUMS beside them. An unchanged image is not re-assembled (the assembly key)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 
@@ -24,6 +24,7 @@ from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
 from . import disk as disk_mod
+from .archive import ChunkCache, root_archive
 from .artifacts import NodeArtifacts
 from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are asked for here)
     BIOS_START_MIB,
@@ -42,10 +43,12 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
     sha256_file,
     write_bios_boot,
 )
-from .netboot import ipxe_script, root_archive
+from .netboot import ipxe_script
 from .signing import SigningKey, sign_modules
+from .tree import MOUNTED, image_tree
 
-ASSEMBLER_VERSION = 5
+T = TypeVar("T")
+ASSEMBLER_VERSION = 6  # 6: extended attributes (file capabilities) kept
 MANIFEST = "node.json"
 
 
@@ -62,23 +65,6 @@ def load(root: Path, image: str) -> NodeArtifacts | None:
         return NodeArtifacts(**data)
     except (OSError, ValueError, TypeError):
         return None
-
-
-def export_rootfs(c: docker.DockerClient, ref: str, dest: Path) -> None:
-    dest.mkdir(parents=True)
-    container = c.api.create_container(ref, command=["/bin/true"])
-    try:
-        tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "-C", str(dest)], stdin=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-        assert tar.stdin
-        for chunk in c.api.export(container["Id"]):
-            tar.stdin.write(chunk)
-        tar.stdin.close()
-        err = tar.stderr.read().decode() if tar.stderr else ""
-        if tar.wait() != 0:
-            raise BuildFailed(f"unpacking the image's file system failed: {err.strip()[-400:]}")
-    finally:
-        c.api.remove_container(container["Id"], force=True)
 
 
 def hygiene(rootfs: Path, image: str, progress: Progress) -> list[str]:
@@ -143,13 +129,16 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.assemble-", dir=out.parent))
     try:
-        art = _assemble_into(c, plan, ref, content_key, key, work, formats, progress, signing)
+        with image_tree(c, ref, work) as (rootfs, how):
+            chunks = ChunkCache(build_dir(root) / "cache" / "archive-chunks")
+            art = _assemble_into(plan, rootfs, how, content_key, key, work, formats, progress, signing, chunks)
         if out.exists():
             for keep in ("sbom.spdx.json",):  # written by the build before assembly
                 if (out / keep).exists():
                     os.replace(out / keep, work / keep)
             shutil.rmtree(out)
-        shutil.rmtree(work / "rootfs")
+        for tree_dir in ("rootfs", "upper", "overlay-work"):  # unmounted by now
+            shutil.rmtree(work / tree_dir, ignore_errors=True)
         for tmp in ("esp.img", "core.img", "BOOTX64.EFI", "grub.cfg"):
             (work / tmp).unlink(missing_ok=True)
         os.chmod(work, 0o755)
@@ -162,8 +151,9 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str, key: str, work: Path,
-                   formats: list[str], progress: Progress, signing: SigningKey | None) -> NodeArtifacts:
+def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, key: str, work: Path,
+                   formats: list[str], progress: Progress, signing: SigningKey | None,
+                   chunks: ChunkCache) -> NodeArtifacts:
     name = plan.image
     epoch = str(plan.base.epoch)
 
@@ -171,10 +161,8 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
         progress.say(name, f"assemble {what:<24} {t.seconds:6.1f}s")
         progress.output(name, f"{what}: done")
 
-    rootfs = work / "rootfs"
-    with Timer() as t:
-        export_rootfs(c, ref, rootfs)
-    step("export file system", t)
+    source = "the engine's layers, nothing copied" if how == MOUNTED else "through the engine API"
+    progress.say(name, f"assemble file system              {how} ({source})")
     findings = hygiene(rootfs, name, progress)
     kver = rootfs_checks.kernels(rootfs)[0]
     if signing:
@@ -190,9 +178,9 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
 
     # the root archive is made from the tree while the disk is (both only read it)
     pool = ThreadPoolExecutor(max_workers=2)
-    archive: Future[tuple[str, float]] | None = None
+    archive: Future[tuple[tuple[str, str], float]] | None = None
     if "netboot" in formats:
-        archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch)
+        archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch, chunks, name)
     try:
         raw_sha = _disks(art, rootfs, work, key, epoch, formats, step, pool)
         shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
@@ -201,9 +189,10 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
         known = {"disk.raw": raw_sha.result()} if raw_sha else {}
         if archive is not None:
             with Timer() as t:
-                root_sha, seconds = archive.result()
+                (root_sha, reuse), seconds = archive.result()
                 _netboot(art, work, plan, root_sha)
-            progress.say(name, f"assemble {'netboot artifacts':<24} {seconds:6.1f}s (waited {t.seconds:.1f}s)")
+            progress.say(name, f"assemble {'netboot artifacts':<24} {seconds:6.1f}s (waited {t.seconds:.1f}s; "
+                               f"root archive: {reuse})")
             known["rootfs.tar.gz"] = root_sha
     finally:
         pool.shutdown(wait=True)
@@ -214,7 +203,7 @@ def _assemble_into(c: docker.DockerClient, plan: BuildPlan, ref: str, content_ke
     return art
 
 
-def _timed(fn: Callable[..., str], *args: Any) -> tuple[str, float]:
+def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
     with Timer() as t:
         result = fn(*args)
     return result, t.seconds

@@ -3,15 +3,10 @@ and initramfs with it (boot=nodeforge-net: the initramfs fetches the archive int
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..definitions.quoting import Unquotable, cmdline_args, ipxe_word
 from ..errors import BuildFailed
-from .disk import MIB
 
 if TYPE_CHECKING:
     from .artifacts import NodeArtifacts
@@ -32,28 +27,3 @@ def ipxe_script(art: NodeArtifacts, image: str, version: str, root_sha256: str) 
         f"nodeforge.root=${{base-url}}/{art.files['rootfs']} nodeforge.root_sha256={root_sha256} ip=dhcp",
         f"initrd ${{base-url}}/{art.files['initrd']}",
         "boot", ""])
-
-
-def _compressor() -> list[str]:
-    """gzip on every core where pigz is installed (its output is gzip: busybox's tar in the netboot
-    initramfs unpacks it), single-threaded gzip otherwise. -n: no name or time in the header."""
-    return ["pigz", "-1", "-n"] if shutil.which("pigz") else ["gzip", "-1", "-n"]
-
-
-def root_archive(rootfs: Path, dest: Path, epoch: str) -> str:
-    """The root archive (sorted names, every time the epoch, numeric owners), hashed while it is written;
-    returns its sha256."""
-    h = hashlib.sha256()
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--sort=name", f"--mtime=@{epoch}",
-                            "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime", "--xattrs",
-                            "-cf", "-", "."], stdout=subprocess.PIPE)
-    gz = subprocess.Popen(_compressor(), stdin=tar.stdout, stdout=subprocess.PIPE)
-    assert tar.stdout and gz.stdout
-    tar.stdout.close()
-    with dest.open("wb") as f:
-        while chunk := gz.stdout.read(4 * MIB):
-            h.update(chunk)
-            f.write(chunk)
-    if tar.wait() != 0 or gz.wait() != 0:
-        raise BuildFailed("making the root archive failed")
-    return h.hexdigest()

@@ -1,0 +1,106 @@
+"""The image's file system as a directory to assemble from.
+
+Where the engine keeps the image's layers in overlay2 directories on this machine (the local engine,
+run as root), the layers are mounted read-only under an overlay whose upper directory takes the
+assembly's own changes (the rootfs checks' fixes, signed modules): nothing is copied, and the
+engine's directories are never written (an overlay writes only to its upper directory). This is
+how the engine itself shows a container its root. Elsewhere (a remote engine, another storage
+driver, no permission to mount) the file system is exported through the engine API and unpacked.
+Both give the same tree: the same names, contents, owners, modes, times and extended attributes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from ..errors import BuildFailed
+
+MOUNT_OPTIONS_MAX = 3800  # the kernel takes a page of mount options
+EXPORTED, MOUNTED = "exported", "mounted"
+
+
+def layer_dirs(info: dict[str, Any]) -> list[str] | None:
+    """The image's overlay2 layer directories, top first; None where they cannot be used here."""
+    driver = info.get("GraphDriver") or {}
+    data = driver.get("Data") or {}
+    if driver.get("Name") != "overlay2" or not data.get("UpperDir"):
+        return None
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return None  # a remote engine: its directories are not this machine's
+    dirs = [data["UpperDir"], *(d for d in (data.get("LowerDir") or "").split(":") if d)]
+    if not all(os.path.isdir(d) and os.access(d, os.R_OK | os.X_OK) for d in dirs):
+        return None
+    return dirs
+
+
+def _mountable(dirs: list[str], work: Path) -> bool:
+    if os.geteuid() != 0:
+        return False
+    names = [*dirs, str(work)]
+    return (not any("," in n or ":" in n or "\\" in n for n in names)
+            and len(":".join(dirs)) + 3 * len(str(work)) < MOUNT_OPTIONS_MAX)
+
+
+def _mount(dirs: list[str], work: Path, target: Path) -> bool:
+    upper, scratch = work / "upper", work / "overlay-work"
+    for d in (upper, scratch, target):
+        d.mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir={':'.join(dirs)},upperdir={upper},workdir={scratch}"
+    p = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
+                       capture_output=True, text=True)
+    return p.returncode == 0
+
+
+def _unmount(target: Path) -> None:
+    if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def export(c: docker.DockerClient, ref: str, dest: Path) -> None:
+    """The file system through the engine API, unpacked with owners, modes and extended attributes."""
+    dest.mkdir(parents=True)
+    container = c.api.create_container(ref, command=["/bin/true"])
+    try:
+        tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "--xattrs", "--xattrs-include=*",
+                                "-C", str(dest)], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert tar.stdin
+        for chunk in c.api.export(container["Id"]):
+            tar.stdin.write(chunk)
+        tar.stdin.close()
+        err = tar.stderr.read().decode() if tar.stderr else ""
+        if tar.wait() != 0:
+            raise BuildFailed(f"unpacking the image's file system failed: {err.strip()[-400:]}")
+    finally:
+        c.api.remove_container(container["Id"], force=True)
+
+
+@contextlib.contextmanager
+def image_tree(c: docker.DockerClient, ref: str, work: Path) -> Iterator[tuple[Path, str]]:
+    """(the image's root as a directory under work, how it got there: mounted or exported). The
+    directory may be changed (it is the assembly's own); a mount is undone on the way out.
+    The image is held by a container while mounted, so that it cannot be removed meanwhile."""
+    target = work / "rootfs"
+    info = c.api.inspect_image(ref)
+    dirs = layer_dirs(info)
+    if dirs and _mountable(dirs, work):
+        holder = c.api.create_container(info["Id"], command=["/bin/true"],
+                                        labels={"io.nodeforge.role": "assembly"})
+        try:
+            if _mount(dirs, work, target):
+                try:
+                    yield target, MOUNTED
+                finally:
+                    _unmount(target)
+                return
+            target.rmdir()
+        finally:
+            c.api.remove_container(holder["Id"], force=True)
+    export(c, ref, target)
+    yield target, EXPORTED
