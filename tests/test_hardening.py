@@ -5,6 +5,7 @@ The malformed cases under tests/malformed/ cover the schema side (exit 2, file, 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shlex
 import subprocess
@@ -398,7 +399,7 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
     from builder.node import assemble
     from builder.progress import Progress
 
-    def fill(c, plan, ref, content_key, key, work: Path, formats, progress, signing):  # type: ignore[no-untyped-def]
+    def fill(plan, rootfs, how, content_key, key, work: Path, formats, progress, signing, chunks):  # type: ignore[no-untyped-def]
         (work / "disk.raw").write_bytes(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device", str(work / "disk.qcow2"))
 
@@ -406,7 +407,13 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
         image = "full"
         outputs: ClassVar[dict[str, object]] = {"formats": ["raw"]}
 
+    @contextlib.contextmanager
+    def tree(c, ref, work: Path):  # type: ignore[no-untyped-def]
+        (work / "rootfs").mkdir()
+        yield work / "rootfs", "exported"
+
     monkeypatch.setattr(assemble, "_assemble_into", fill)
+    monkeypatch.setattr(assemble, "image_tree", tree)
     monkeypatch.setattr(assemble, "check_tools", lambda: None)
     monkeypatch.setattr(assemble, "assembly_key", lambda plan, key, signing: "a" * 64)
     monkeypatch.setattr(assemble, "load", lambda root, image: None)
