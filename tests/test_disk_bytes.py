@@ -79,7 +79,10 @@ def test_time_commands_skip_names_debugfs_cannot_quote(tmp_path: Path) -> None:
     (root / 'a"b').write_text("x")
     (root / "plain").write_text("x")
     (root / "dev-disk-by\\x2did.device.wants").mkdir()  # systemd's escaping: a backslash debugfs takes as it is
+    (root / 'q"d').mkdir()
+    (root / 'q"d' / "inside").write_text("x")  # under a directory debugfs cannot cd into: skipped too
     cmds = disk.time_commands(root, EPOCH)
-    assert any('"/plain"' in c for c in cmds) and not any('a"b' in c for c in cmds)
-    assert any('"/dev-disk-by\\x2did.device.wants"' in c for c in cmds)
+    assert 'cd "/"' in cmds and any(c.startswith('sif "plain" ') for c in cmds)
+    assert not any('a"b' in c or "inside" in c or 'q"d' in c for c in cmds)
+    assert 'cd "/dev-disk-by\\x2did.device.wants"' in cmds
     assert sum(c.startswith('sif "/" ') for c in cmds) == 3
