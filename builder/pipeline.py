@@ -254,14 +254,13 @@ class Builder:
             c.api.tag(meta_ref, repo, tg)
         return meta_ref, labels
 
-    def _record(self, c: docker.DockerClient, plan: BuildPlan, image_id: str, labels: dict[str, str],
-                node: assemble.NodeArtifacts | None) -> None:
-        """manifest.json and its provenance, with the image's normalised OCI digest (cached by engine id)."""
-        self.progress.stage(plan.image, "OCI digest")
+    def _digests(self, plan: BuildPlan, image_id: str, labels: dict[str, str]) -> image_digest.Digests:
+        """The image's normalised OCI digest (cached by engine id and layer): computed while a node is
+        assembled, on a client of its own."""
         with Timer() as t:
-            digests = image_digest.of_build(c, plan, image_id, labels)
+            digests = image_digest.of_build(engine.client(), plan, image_id, labels)
         self.progress.say(plan.image, f"OCI digest {digests.image[:19]}      {t.seconds:6.1f}s")
-        manifest.write(self.tree, plan, digests, labels, node)
+        return digests
 
     def build_one(self, name: str, parent: BuildResult | None) -> BuildResult:
         """The whole pipeline for one image: base, lock policy, layer steps, the initramfs step of a
@@ -282,12 +281,14 @@ class Builder:
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)
-            if plan.kind == "node":
-                self.progress.stage(name, "assemble: disks and netboot artifacts")
-            node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
-                                      signing=self.secrets.module_signing)
-                    if plan.kind == "node" else None)
-            self._record(c, plan, info["Id"], labels, node)
+            with ThreadPoolExecutor(max_workers=1) as side:
+                digests = side.submit(self._digests, plan, info["Id"], labels)
+                if plan.kind == "node":
+                    self.progress.stage(name, "assemble: disks and netboot artifacts")
+                node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
+                                          signing=self.secrets.module_signing)
+                        if plan.kind == "node" else None)
+                manifest.write(self.tree, plan, digests.result(), labels, node)  # manifest.json, provenance
         self.progress.done(name)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
