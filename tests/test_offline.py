@@ -48,10 +48,13 @@ def mirror(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPath
 
 
 def _cleanup(namespace: str) -> None:
+    """Remove the namespace's tags (by name: an id with child images cannot be removed, a tag can;
+    untagged parents go with their last child)."""
     for repo in (f"nodeforge-cache-{namespace}", f"nodeforge-base-{namespace}"):
-        ids = subprocess.run(["docker", "images", "-q", repo], capture_output=True, text=True).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rmi", "-f", *sorted(set(ids))], capture_output=True)
+        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
+                              capture_output=True, text=True).stdout.split()
+        if refs:
+            subprocess.run(["docker", "rmi", *refs], capture_output=True)
 
 
 @pytest.fixture
