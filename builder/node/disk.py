@@ -164,7 +164,8 @@ def time_commands(rootfs: Path, epoch: int) -> list[str]:
 def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
     """The times of the root ext4 (inside the disk file at offset) made independent of the build."""
     script = disk.with_name(".debugfs-times")
-    script.write_text("\n".join(time_commands(rootfs, epoch)) + "\n")
+    # the superblock's lifetime write count too: it depends on how the writes went, not on the content
+    script.write_text("\n".join(["ssv kbytes_written 0", *time_commands(rootfs, epoch)]) + "\n")
     try:
         _run(["debugfs", "-w", "-f", str(script), f"{disk}?offset={offset}"], "fixing the root file system's times",
              env={"E2FSPROGS_FAKE_TIME": str(epoch)})  # its superblock's last write time, when it writes one
