@@ -132,6 +132,9 @@ def offline_url() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("NODEFORGE_TEST_GPU_NODE_REPRO") != "1",
+                    reason="a second cold gpu-node build (DKMS included) takes 9 minutes and more; "
+                           "NODEFORGE_TEST_GPU_NODE_REPRO=1 runs it")
 def test_gpu_node_twice(build_twice: Builds, offline_url: str) -> None:
     """gpu-node -c dgx-h100 (the driver's DKMS build, fabric manager, the container toolkit from
     the stand-in packages): build B builds every step again, DKMS included."""

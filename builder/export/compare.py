@@ -22,6 +22,13 @@ from .entry import Entry
 MAX_LINES = 200  # per compared pair: enough to name what differs without flooding the terminal
 
 
+def _layer(path: Path) -> IO[bytes]:
+    """A layer blob as its tar: gzip-compressed (layouts of other tools) or not (nodeforge's)."""
+    with path.open("rb") as f:
+        magic = f.read(2)
+    return gzip.open(path) if magic == b"\x1f\x8b" else path.open("rb")  # type: ignore[return-value]
+
+
 def sha256_of(f: IO[bytes]) -> str:
     h = hashlib.sha256()
     for block in iter(lambda: f.read(1 << 20), b""):
@@ -175,8 +182,8 @@ def compare_layouts(a: Path, b: Path, diffoscope: bool = True) -> list[str]:
         if x["digest"] == y["digest"]:
             continue
         report = with_diffoscope(_blob(a, x["digest"]), _blob(b, y["digest"])) if diffoscope else None
-        with gzip.open(_blob(a, x["digest"])) as fa, gzip.open(_blob(b, y["digest"])) as fb:
-            inside = report or compare_entries(tar_entries(fa), tar_entries(fb))  # type: ignore[arg-type]
+        with _layer(_blob(a, x["digest"])) as fa, _layer(_blob(b, y["digest"])) as fb:
+            inside = report or compare_entries(tar_entries(fa), tar_entries(fb))
         step = f" ({made_by[i][:80]})" if i < len(made_by) and made_by[i] else ""
         lines.append(f"layer {i + 1}{step} differs:")
         lines += ["  " + line for line in inside[:MAX_LINES] or ["(the same files, different bytes)"]]

@@ -24,7 +24,7 @@ from ..engine.bootstrap import cache_dir as nodeforge_cache
 from ..plan import BuildPlan
 from . import layer_tar, oci_image
 
-FORMAT = 2  # 2: DKMS's make.log dropped
+FORMAT = 3  # 2: DKMS's make.log dropped; 3: uncompressed layers
 
 
 @dataclass(frozen=True)

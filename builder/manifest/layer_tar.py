@@ -1,11 +1,12 @@
 """One image layer rewritten so that two clean builds give the same bytes: entries sorted by name
 (hard links after the files they point to), times clamped to SOURCE_DATE_EPOCH, numeric owners
-only, no pax times, build-host leftovers dropped, gzip without name or time at a fixed level."""
+only, no pax times, build-host leftovers dropped. Layers are published uncompressed (the OCI
+media type ...layer.v1.tar): the digest then depends on the tar alone, not on a compressor's
+version or level, and computing it costs a hash instead of a compression of every layer."""
 
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
 import os
 import struct
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-GZIP_LEVEL = 6
 # written by the package tools at build time; they differ between any two builds
 DROPPED = (
     "var/cache/ldconfig/aux-cache",
@@ -33,9 +33,9 @@ _KEPT_PAX = "SCHILY.xattr."  # extended attributes (file capabilities) stay; tim
 
 @dataclass(frozen=True)
 class Blob:
-    digest: str  # sha256:... of the compressed layer
+    digest: str  # sha256:... of the layer blob (the uncompressed tar: the same as diff_id)
     diff_id: str  # sha256:... of the uncompressed tar
-    size: int  # compressed bytes
+    size: int  # bytes of the blob
 
 
 class _Hashing:
@@ -96,19 +96,17 @@ def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
 
 
 def normalise(layer: Path, out: Path | None, epoch: int) -> Blob:
-    """Write `layer` (an uncompressed tar) normalised and gzip-compressed to `out` (None: only its
-    digests and size, nothing written)."""
+    """Write `layer` (an uncompressed tar) normalised to `out` (None: only its digests and size,
+    nothing written)."""
     with tarfile.open(layer) as src, open(out if out is not None else os.devnull, "wb") as raw:
-        packed = _Hashing(raw)
-        with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=packed,
-                           mtime=0) as gz:
-            plain = _Hashing(gz)  # type: ignore[arg-type]
-            with tarfile.TarFile(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[arg-type]
-                                 encoding="utf-8") as dst:
-                for m in kept_members(src, epoch):
-                    e = _entry(m, epoch)
-                    e.name = m.name.removeprefix("./")
-                    if m.isreg() and e.name in EMPTIED:
-                        e.size = 0
-                    dst.addfile(e, src.extractfile(m) if e.size else None)
-    return Blob(f"sha256:{packed.sha.hexdigest()}", f"sha256:{plain.sha.hexdigest()}", packed.size)
+        plain = _Hashing(raw)
+        with tarfile.TarFile(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[arg-type]
+                             encoding="utf-8") as dst:
+            for m in kept_members(src, epoch):
+                e = _entry(m, epoch)
+                e.name = m.name.removeprefix("./")
+                if m.isreg() and e.name in EMPTIED:
+                    e.size = 0
+                dst.addfile(e, src.extractfile(m) if e.size else None)
+    digest = f"sha256:{plain.sha.hexdigest()}"
+    return Blob(digest, digest, plain.size)

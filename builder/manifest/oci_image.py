@@ -30,7 +30,7 @@ from . import layer_tar
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
-LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"  # uncompressed: see layer_tar
 REF_NAME = "org.opencontainers.image.ref.name"
 IMAGE_NAME = "io.containerd.image.name"  # the full reference, as containerd's exports name it
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
