@@ -78,9 +78,11 @@ def _fix_hosts(root: Path, found: list[str]) -> str:
     return "rewritten"
 
 
-def _empty_resolv(root: Path) -> list[str]:
+def _baked_resolv(root: Path) -> list[str]:
+    """A resolv.conf file (not a link, to systemd-resolved's for example): the engine's empty one, or
+    the build host's, which the bootstrap copies (mmdebstrap does, as debootstrap did)."""
     p = root / "etc/resolv.conf"
-    return ["etc/resolv.conf"] if p.is_file() and not p.is_symlink() and p.stat().st_size == 0 else []
+    return ["etc/resolv.conf"] if p.is_file() and not p.is_symlink() else []
 
 
 def _host_keys(root: Path) -> list[str]:
@@ -167,8 +169,10 @@ ROOTFS_CHECKS: tuple[RootfsCheck, ...] = (
     RootfsCheck(check("rootfs/machine-id", "assemble", "a machine-id baked in makes every node the same machine",
                       "nothing to do: the assembler empties it; systemd makes one on first boot"),
                 _machine_id, _fix_machine_id),
-    RootfsCheck(check("rootfs/resolv-conf", "assemble", "an empty /etc/resolv.conf left by the engine",
-                      "nothing to do: the assembler removes it"), _empty_resolv, _remove),
+    RootfsCheck(check("rootfs/resolv-conf", "assemble",
+                      "/etc/resolv.conf baked in: the engine's empty one or the build host's resolvers",
+                      "nothing to do: the assembler removes it; nodes get resolvers from DHCP or the site "
+                      "(a symlink, to systemd-resolved's stub for example, is kept)"), _baked_resolv, _remove),
     RootfsCheck(check("rootfs/ssh-host-keys", "assemble", "SSH host keys baked in are shared by every node",
                       "nothing to do: the assembler removes them; the kernel layer makes them on first boot"),
                 _host_keys, _remove),

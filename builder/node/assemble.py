@@ -48,7 +48,7 @@ from .signing import SigningKey, sign_modules
 from .tree import MOUNTED, image_tree
 
 T = TypeVar("T")
-ASSEMBLER_VERSION = 6  # 6: extended attributes (file capabilities) kept
+ASSEMBLER_VERSION = 7  # 6: extended attributes (file capabilities) kept; 7: no baked-in resolv.conf
 MANIFEST = "node.json"
 
 

@@ -186,3 +186,15 @@ def test_list_checks_without_a_loadable_tree_still_lists_the_registry(tmp_path: 
     captured = capsys.readouterr()
     assert all(name in captured.out for name in CHECKS) and "assert/" not in captured.out
     assert "layers/a/layer.yaml" in captured.err and "asserts are left out" in captured.err
+
+
+def test_the_build_hosts_resolvers_are_removed_and_a_resolver_link_kept(tmp_path: Path) -> None:
+    from builder.checks import rootfs
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/resolv.conf").write_text("nameserver 10.255.255.53\n")  # what the bootstrap copied
+    found = [f for f in rootfs.run(tmp_path) if f.check.name == "rootfs/resolv-conf"]
+    assert found and not (tmp_path / "etc/resolv.conf").exists()
+    (tmp_path / "etc/resolv.conf").symlink_to("../run/systemd/resolve/stub-resolv.conf")
+    assert not [f for f in rootfs.run(tmp_path) if f.check.name == "rootfs/resolv-conf"]
+    assert (tmp_path / "etc/resolv.conf").is_symlink()
