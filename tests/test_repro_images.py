@@ -10,7 +10,6 @@ the output tags point where they did before."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -24,19 +23,12 @@ import pytest
 from builder.compose.params import parse_sets
 from builder.definitions.load import load_tree
 from builder.export import compare, twice
+from builder.plan import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_OUTPUTS = ("disk.raw", "disk.qcow2", "vmlinuz", "initrd.img", "rootfs.tar.gz", "boot.ipxe", "SHA256SUMS",
                 "sbom.spdx.json", "manifest.json", "provenance.intoto.json")
 CONTAINER_OUTPUTS = ("sbom.spdx.json", "manifest.json", "provenance.intoto.json")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 Builds = Callable[[str, str | None, list[str]], tuple[Path, Path]]
@@ -67,7 +59,7 @@ def build_twice(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[
 
 def assert_identical(a: Path, b: Path, names: tuple[str, ...]) -> str:
     """Every named output identical in both builds; the manifests' OCI digest."""
-    differing = [n for n in names if sha256(a / n) != sha256(b / n)]
+    differing = [n for n in names if sha256_file(a / n) != sha256_file(b / n)]
     if differing:
         detail = compare.compare_dirs(a, b, diffoscope=False)
         pytest.fail(f"differ between two builds: {differing}\n" + "\n".join(detail[:80]))

@@ -8,7 +8,6 @@ it, every wheel with its sha256 and URL), node.json (every output with its sha25
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from ..definitions.load import Tree
 from ..engine import sbom
 from ..engine.labels import git_source
 from ..node.assemble import NodeArtifacts
-from ..plan import BuildPlan
+from ..plan import BuildPlan, sha256_file
 from .image_digest import Digests
 from .oci_image import scrub
 
@@ -56,14 +55,6 @@ def source_revision(root: Path) -> dict[str, Any] | None:
     except OSError:
         return None
     return {"revision": head.stdout.strip(), "dirty": bool(dirty.stdout.strip()), "repository": git_source(root)}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def ancestry(tree: Tree, image: str) -> list[str]:
@@ -146,13 +137,13 @@ def _outputs(root: Path, plan: BuildPlan, labels: dict[str, str], node: NodeArti
             out[f] = {"role": roles.get(f, "file"), "sha256": sha}
         sums = Path(node.dir) / "SHA256SUMS"
         if sums.is_file():
-            out[sums.name] = {"role": "checksums", "sha256": file_sha256(sums)}
+            out[sums.name] = {"role": "checksums", "sha256": sha256_file(sums)}
     return out
 
 
 def _lock_record(root: Path, image: str) -> dict[str, str] | None:
     p = lockfile.path_for(root, image)
-    return {"image": image, "path": str(p.relative_to(root)), "sha256": file_sha256(p)} if p.is_file() else None
+    return {"image": image, "path": str(p.relative_to(root)), "sha256": sha256_file(p)} if p.is_file() else None
 
 
 def document(tree: Tree, plan: BuildPlan, digests: Digests, labels: dict[str, str],

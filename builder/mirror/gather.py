@@ -17,10 +17,10 @@ from ..definitions.load import Tree
 from ..engine import bootstrap
 from ..engine import client as engine
 from ..errors import EnvironmentProblem, UsageError
-from ..plan import BuildPlan
+from ..plan import BuildPlan, sha256_file
 from ..progress import Progress, Timer
 from . import download, repo
-from .index import INDEX, Index, sha256_of
+from .index import INDEX, Index
 
 WHO = "mirror"
 
@@ -96,7 +96,7 @@ def mirror(tree: Tree, images: list[str], config: str | None, sets: list[Any], d
         with Timer() as t:
             index = Index()
             for plan in plans:
-                index.images[plan.image] = {"lock_sha256": sha256_of(lockfile.path_for(tree.root, plan.image)),
+                index.images[plan.image] = {"lock_sha256": sha256_file(lockfile.path_for(tree.root, plan.image)),
                                             "base": plan.base.key}
             in_base = _bases(plans, tmp, index, progress)
             _debs(plans, locked, in_base, tmp, index, progress)
@@ -179,7 +179,7 @@ def _record_debs(files: list[Path], wanted: dict[tuple[str, str], str], locked: 
         if (name, version) not in wanted:
             deb.unlink()  # apt-get download gave more than asked (never expected): not locked, not kept
             continue
-        digest = sha256_of(deb)
+        digest = sha256_file(deb)
         known = {a["sha256"] for lock in locked.values() for n, a in lock.archives.items()
                  if n == name and a.get("version") == version and a.get("sha256")}
         if known and digest not in known:

@@ -4,7 +4,6 @@ the lock of each image it was made from. `check` verifies every file before a bu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -12,17 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..plan import sha256_file
 
 INDEX = "nodeforge-mirror.json"
 FORMAT = 1
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -40,7 +34,7 @@ class Index:
 
     def add_file(self, root: Path, rel: str, sha256: str | None = None) -> str:
         path = root / rel
-        digest = sha256 or sha256_of(path)
+        digest = sha256 or sha256_file(path)
         self.files[rel] = {"sha256": digest, "size": path.stat().st_size}
         return digest
 
@@ -96,7 +90,7 @@ def check(root: Path) -> Index:
             problems.append(f"{rel}: a path outside the mirror")
         elif rel not in present:
             problems.append(f"{rel}: missing")
-        elif path.stat().st_size != want.get("size") or sha256_of(path) != want.get("sha256"):
+        elif path.stat().st_size != want.get("size") or sha256_file(path) != want.get("sha256"):
             problems.append(f"{rel}: sha256 differs from the index")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..definitions.quoting import cmdline_args, grub_word, grub_words
 from ..errors import BuildFailed, EnvironmentProblem
+from ..plan import sha256_file  # noqa: F401  (the assembler's checksums)
 
 if TYPE_CHECKING:
     from .artifacts import NodeArtifacts
@@ -85,14 +86,6 @@ def _run(cmd: list[str], what: str, env: dict[str, str] | None = None, **kw: Any
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, **kw)
     if p.returncode != 0:
         raise BuildFailed(f"{what} failed ({cmd[0]} exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(4 * MIB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_bios_boot(disk: Path, core: bytes) -> None:
