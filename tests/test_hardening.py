@@ -399,12 +399,13 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
     from builder.node import assemble
     from builder.progress import Progress
 
-    def fill(plan, rootfs, how, content_key, key, work: Path, formats, progress, signing, chunks):  # type: ignore[no-untyped-def]
+    def fill(plan, rootfs, how, content_key, key, work: Path, formats, progress, signing, *rest):  # type: ignore[no-untyped-def]
         (work / "disk.raw").write_bytes(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device", str(work / "disk.qcow2"))
 
     class Plan:
         image = "full"
+        install = None
         outputs: ClassVar[dict[str, object]] = {"formats": ["raw"]}
 
     @contextlib.contextmanager

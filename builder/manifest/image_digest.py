@@ -1,7 +1,8 @@
 """The reproducible digest of a built image: the manifest digest of its normalised OCI image (the
 one `nodeforge export oci` writes), computed without writing the layout.
 
-Computing it reads every layer (docker save) and compresses the layers not seen before, so it is
+Computing it reads the layers not seen before (from the engine's overlay2 directories where they
+are on this machine, node.tree.layer_dirs; through `docker save` elsewhere), so it is
 kept in nodeforge's cache directory: by engine image id (a no-op rebuild costs a file read) and by
 engine layer digest (a rebuild that changed the last layers normalises only those; images that
 share layers, a parent and its children, normalise them once). Both are content addresses: an
@@ -18,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from ..engine import client as engine
 from ..engine.bootstrap import cache_dir as nodeforge_cache
+from ..node.tree import layer_dirs
 from ..plan import BuildPlan
-from . import layer_tar, oci_image
+from . import layer_dir, layer_tar, oci_image
 
-FORMAT = 3  # 2: DKMS's make.log dropped; 3: uncompressed layers
+FORMAT = 4  # 2: DKMS's make.log dropped; 3: uncompressed layers; 4: a file's data under its first name
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,28 @@ def _known_layers(cache: Path, config: dict[str, Any], epoch: int) -> dict[str, 
     return known
 
 
+def _local_layers(c: docker.DockerClient, image_id: str) -> tuple[dict[str, Any], list[Path]] | None:
+    """(the engine's config document, its layer directories bottom first) where the engine keeps
+    them on this machine in overlay2 (node.tree.layer_dirs); None elsewhere."""
+    dirs = layer_dirs(c.api.inspect_image(image_id))
+    if not dirs:
+        return None
+    try:
+        store = Path(c.info()["DockerRootDir"]) / "image" / "overlay2" / "imagedb" / "content" / "sha256"
+        config = json.loads((store / _hex(image_id)).read_bytes())
+    except (OSError, KeyError, ValueError, docker.errors.APIError):
+        return None
+    if len(oci_image.engine_diff_ids(config)) != len(dirs):
+        return None
+    return config, [Path(d) for d in reversed(dirs)]
+
+
+def _from_directories(config: dict[str, Any], dirs: list[Path], epoch: int,
+                      known: dict[str, layer_tar.Blob]) -> list[layer_tar.Blob]:
+    return [known.get(engine_id) or layer_tar.write(layer_dir.entries(d), None, epoch)
+            for engine_id, d in zip(oci_image.engine_diff_ids(config), dirs, strict=True)]
+
+
 def digest(c: docker.DockerClient, ref: str, epoch: int) -> str:
     """The normalised OCI manifest digest of the engine image `ref` (a tag or an id)."""
     image_id = engine.inspect(c, ref)["Id"]
@@ -78,9 +103,19 @@ def digest(c: docker.DockerClient, ref: str, epoch: int) -> str:
     if hit is not None:
         return str(hit["digest"])
     cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".saved-", dir=cache) as tmp:
-        config, layers = oci_image.save(c, image_id, Path(tmp))
-        image = oci_image.normalise(config, layers, epoch, known=_known_layers(cache, config, epoch))
+    image: oci_image.Normalised | None = None
+    local = _local_layers(c, image_id)
+    if local is not None:
+        config, dirs = local
+        try:
+            blobs = _from_directories(config, dirs, epoch, _known_layers(cache, config, epoch))
+            image = oci_image.assemble(config, blobs, epoch)
+        except (layer_dir.Unsupported, OSError):
+            image = None
+    if image is None:
+        with tempfile.TemporaryDirectory(prefix=".saved-", dir=cache) as tmp:
+            config, layers = oci_image.save(c, image_id, Path(tmp))
+            image = oci_image.normalise(config, layers, epoch, known=_known_layers(cache, config, epoch))
     for engine_id, blob in zip(oci_image.engine_diff_ids(config), image.layers, strict=True):
         _store(_layer_path(cache, engine_id, epoch), {"digest": blob.digest, "diff_id": blob.diff_id,
                                                        "size": blob.size})

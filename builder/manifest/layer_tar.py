@@ -1,16 +1,19 @@
 """One image layer rewritten so that two clean builds give the same bytes: entries sorted by name
-(hard links after the files they point to), times clamped to SOURCE_DATE_EPOCH, numeric owners
-only, no pax times, build-host leftovers dropped. Layers are published uncompressed (the OCI
-media type ...layer.v1.tar): the digest then depends on the tar alone, not on a compressor's
-version or level, and computing it costs a hash instead of a compression of every layer."""
+(a file with several names held by the first, the others hard links after it), times clamped to
+SOURCE_DATE_EPOCH, numeric owners only, no pax times, build-host leftovers dropped. Layers are
+published uncompressed (the OCI media type ...layer.v1.tar): the digest then depends on the tar
+alone, not on a compressor's version or level, and computing it costs a hash instead of a
+compression of every layer."""
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import hashlib
 import os
 import struct
 import tarfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -74,7 +77,10 @@ def _entry(m: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     e = tarfile.TarInfo(m.name)
     e.type, e.mode, e.uid, e.gid = m.type, m.mode, m.uid, m.gid
     e.size = m.size if m.isreg() else 0
-    e.linkname, e.devmajor, e.devminor = m.linkname, m.devmajor, m.devminor
+    e.devmajor, e.devminor = m.devmajor, m.devminor
+    # a hard link names a member (without ./, as the members are); a regular file has no link name
+    # (the engine gives a whiteout one where the overlay links them all to one inode)
+    e.linkname = m.linkname.removeprefix("./") if m.islnk() else m.linkname if m.issym() else ""
     e.mtime = min(int(m.mtime), epoch)
     e.uname = e.gname = ""
     e.pax_headers = {k: m.pax_headers[k] for k in sorted(m.pax_headers) if k.startswith(_KEPT_PAX)}
@@ -83,30 +89,99 @@ def _entry(m: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
 
 def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
     """The entries that stay, in their written order: sorted by name, hard links last."""
-    kept, gone = [], set()
-    for m in src.getmembers():
+    return [m for m, _ in kept(((m, _opener(src, m)) for m in src.getmembers()), epoch)]
+
+
+Opener = Callable[[], IO[bytes]] | None
+
+
+def _opener(src: tarfile.TarFile, m: tarfile.TarInfo) -> Opener:
+    def read() -> IO[bytes]:
+        f = src.extractfile(m)
+        assert f is not None
+        return f
+    return read if m.isreg() else None
+
+
+def kept(entries: Iterable[tuple[tarfile.TarInfo, Opener]], epoch: int) -> list[tuple[tarfile.TarInfo, Opener]]:
+    """The entries that stay (each with what opens its data), in their written order: sorted by
+    name, hard links last."""
+    out, gone = [], set()
+    for m, data in entries:
         name = m.name.removeprefix("./")
-        f = src.extractfile(m) if m.isreg() and name.endswith(".pyc") else None
-        if dropped(name) or (f is not None and stale_pyc(name, f.read(16), epoch)):
+        pyc = data is not None and m.isreg() and name.endswith(".pyc")
+        if name in ("", ".") or dropped(name) or (pyc and data is not None and stale_pyc(name, _head(data), epoch)):
             gone.add(name)
         else:
-            kept.append(m)
-    kept = [m for m in kept if not (m.islnk() and m.linkname.removeprefix("./") in gone)]
-    return sorted(kept, key=lambda m: (m.islnk(), m.name.removeprefix("./")))
+            out.append((m, data))
+    out = [(m, d) for m, d in out if not (m.islnk() and m.linkname.removeprefix("./") in gone)]
+    return sorted(_first_names_hold_data(out), key=lambda e: (e[0].islnk(), e[0].name.removeprefix("./")))
+
+
+def _first_names_hold_data(out: list[tuple[tarfile.TarInfo, Opener]]) -> list[tuple[tarfile.TarInfo, Opener]]:
+    """Each file with several names stored under the first of them (by name), the others links to
+    it: which name a tar holds the data under depends on the order it was written in (a directory
+    walk, a bootstrap's tar), not on the content."""
+    def name(m: tarfile.TarInfo) -> str:
+        return m.name.removeprefix("./")
+
+    regular = {name(m): (m, d) for m, d in out if m.isreg()}
+    names: dict[str, list[str]] = {}
+    for m, _ in out:
+        if m.islnk() and m.linkname.removeprefix("./") in regular:
+            names.setdefault(m.linkname.removeprefix("./"), []).append(name(m))
+    first = {held: min(others) for held, others in names.items() if min(others) < held}
+    if not first:
+        return out
+    result: list[tuple[tarfile.TarInfo, Opener]] = []
+    for m, d in out:
+        if m.isreg() and name(m) in first:  # now a link to the first name
+            link = copy.copy(m)
+            link.type, link.linkname, link.size = tarfile.LNKTYPE, first[name(m)], 0
+            result.append((link, None))
+        elif m.islnk() and m.linkname.removeprefix("./") in first:
+            held = m.linkname.removeprefix("./")
+            if name(m) == first[held]:  # now holds the data
+                data_m, data = regular[held]
+                entry = copy.copy(data_m)
+                entry.name = m.name
+                result.append((entry, data))
+            else:
+                link = copy.copy(m)
+                link.linkname = first[held]
+                result.append((link, None))
+        else:
+            result.append((m, d))
+    return result
+
+
+def _head(data: Callable[[], IO[bytes]]) -> bytes:
+    with data() as f:
+        return f.read(16)
+
+
+def write(entries: Iterable[tuple[tarfile.TarInfo, Opener]], out: Path | None, epoch: int) -> Blob:
+    """The normalised tar of `entries` written to `out` (None: only its digests and size)."""
+    with open(out if out is not None else os.devnull, "wb") as raw:
+        plain = _Hashing(raw)
+        with tarfile.TarFile(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[arg-type]
+                             encoding="utf-8") as dst:
+            for m, data in kept(entries, epoch):
+                e = _entry(m, epoch)
+                e.name = m.name.removeprefix("./")
+                if m.isreg() and e.name in EMPTIED:
+                    e.size = 0
+                if e.size and data is not None:
+                    with data() as f:
+                        dst.addfile(e, f)
+                else:
+                    dst.addfile(e, None)
+    digest = f"sha256:{plain.sha.hexdigest()}"
+    return Blob(digest, digest, plain.size)
 
 
 def normalise(layer: Path, out: Path | None, epoch: int) -> Blob:
     """Write `layer` (an uncompressed tar) normalised to `out` (None: only its digests and size,
     nothing written)."""
-    with tarfile.open(layer) as src, open(out if out is not None else os.devnull, "wb") as raw:
-        plain = _Hashing(raw)
-        with tarfile.TarFile(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[arg-type]
-                             encoding="utf-8") as dst:
-            for m in kept_members(src, epoch):
-                e = _entry(m, epoch)
-                e.name = m.name.removeprefix("./")
-                if m.isreg() and e.name in EMPTIED:
-                    e.size = 0
-                dst.addfile(e, src.extractfile(m) if e.size else None)
-    digest = f"sha256:{plain.sha.hexdigest()}"
-    return Blob(digest, digest, plain.size)
+    with tarfile.open(layer) as src:
+        return write(((m, _opener(src, m)) for m in src.getmembers()), out, epoch)

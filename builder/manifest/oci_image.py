@@ -152,11 +152,16 @@ def normalise(config: dict[str, Any], layers: list[Path], epoch: int, blobs: Pat
             os.replace(tmp, blobs / b.digest.removeprefix("sha256:"))
             out.append(b)
         layer.unlink()
-    cfg = canonical(normalise_config(config, [b.diff_id for b in out], epoch))
+    return assemble(config, out, epoch)
+
+
+def assemble(config: dict[str, Any], layers: list[layer_tar.Blob], epoch: int) -> Normalised:
+    """The normalised image of an engine config whose layers normalised to `layers`."""
+    cfg = canonical(normalise_config(config, [b.diff_id for b in layers], epoch))
     manifest = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE,
                 "config": {"mediaType": CONFIG_TYPE, **_descriptor(cfg)},
-                "layers": [{"mediaType": LAYER_TYPE, "digest": b.digest, "size": b.size} for b in out]}
-    return Normalised(out, cfg, canonical(manifest))
+                "layers": [{"mediaType": LAYER_TYPE, "digest": b.digest, "size": b.size} for b in layers]}
+    return Normalised(layers, cfg, canonical(manifest))
 
 
 def _descriptor(data: bytes) -> dict[str, Any]:

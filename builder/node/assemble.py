@@ -6,6 +6,7 @@ boot.ipxe and SHA256SUMS beside them. An unchanged image is not re-assembled (th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,11 +20,12 @@ from typing import Any, TypeVar
 import docker
 
 from ..checks import rootfs as rootfs_checks
+from ..engine.steps import step_ref
 from ..errors import BuildFailed
 from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
-from . import disk as disk_mod
+from . import root_fs
 from .archive import ChunkCache, root_archive
 from .artifacts import NodeArtifacts
 from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are asked for here)
@@ -37,6 +39,7 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
     TYPE_ROOT_X86_64,
     _run,
     _uuid,
+    boot_loaders,
     check_tools,
     grub_config,
     serial_unit,
@@ -45,11 +48,13 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
 )
 from .netboot import ipxe_script
 from .signing import SigningKey, sign_modules
-from .tree import MOUNTED, image_tree
+from .tree import MOUNTED, PackagePhase, image_tree, package_phase
 
 T = TypeVar("T")
-ASSEMBLER_VERSION = 7  # 6: extended attributes (file capabilities) kept; 7: no baked-in resolv.conf
+ASSEMBLER_VERSION = 8  # 6: extended attributes (file capabilities) kept; 7: no baked-in resolv.conf;
+# 8: the root ext4 in two phases (node.root_fs), its size in steps of 64 MiB
 MANIFEST = "node.json"
+ROOT_STEP_MIB = 64
 
 
 
@@ -92,7 +97,8 @@ def root_size_mib(used: int, disk_mib: int | None) -> int:
             raise BuildFailed(f"outputs.disk-size-mib {disk_mib} is too small: the root file system holds "
                               f"{used} MiB; set at least {used + 64 + ROOT_START_MIB + 1} or leave it unset")
         return root
-    return used + max(256, used // 4)  # headroom: a quarter, at least 256 MiB
+    headroom = used + max(256, used // 4)  # a quarter, at least 256 MiB; in steps that a small edit rarely crosses
+    return -(-headroom // ROOT_STEP_MIB) * ROOT_STEP_MIB
 
 
 def assembly_key(plan: BuildPlan, content_key: str, signing: SigningKey | None = None) -> str:
@@ -129,15 +135,19 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.assemble-", dir=out.parent))
     try:
-        with image_tree(c, ref, work) as (rootfs, how):
+        phase_ref = step_ref(plan.install.key) if plan.install else None
+        with image_tree(c, ref, work) as (rootfs, how), \
+                (package_phase(c, ref, phase_ref, work) if phase_ref and how == MOUNTED
+                 else contextlib.nullcontext()) as phase:
             chunks = ChunkCache(build_dir(root) / "cache" / "archive-chunks")
-            art = _assemble_into(plan, rootfs, how, content_key, key, work, formats, progress, signing, chunks)
+            art = _assemble_into(plan, rootfs, how, content_key, key, work, formats, progress, signing, chunks,
+                                 root, phase)
         if out.exists():
             for keep in ("sbom.spdx.json",):  # written by the build before assembly
                 if (out / keep).exists():
                     os.replace(out / keep, work / keep)
             shutil.rmtree(out)
-        for tree_dir in ("rootfs", "upper", "overlay-work"):  # unmounted by now
+        for tree_dir in ("rootfs", "upper", "overlay-work", "phase-rootfs", "phase-upper", "phase-overlay-work"):
             shutil.rmtree(work / tree_dir, ignore_errors=True)
         for tmp in ("esp.img", "core.img", "BOOTX64.EFI", "grub.cfg"):
             (work / tmp).unlink(missing_ok=True)
@@ -153,12 +163,12 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
 
 def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, key: str, work: Path,
                    formats: list[str], progress: Progress, signing: SigningKey | None,
-                   chunks: ChunkCache) -> NodeArtifacts:
+                   chunks: ChunkCache, root: Path, phase: PackagePhase | None) -> NodeArtifacts:
     name = plan.image
     epoch = str(plan.base.epoch)
 
-    def step(what: str, t: Timer) -> None:
-        progress.say(name, f"assemble {what:<24} {t.seconds:6.1f}s")
+    def step(what: str, t: Timer, how: str = "") -> None:
+        progress.say(name, f"assemble {what:<24} {t.seconds:6.1f}s" + (f" ({how})" if how else ""))
         progress.output(name, f"{what}: done")
 
     source = "the engine's layers, nothing copied" if how == MOUNTED else "through the engine API"
@@ -172,7 +182,8 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
     root_mib = root_size_mib(used, plan.outputs.get("disk-size-mib"))
     disk_mib = ROOT_START_MIB + root_mib + 1  # the backup GPT lives in the last MiB
     art = NodeArtifacts(name, key, content_key, str(work), kver, full_cmdline(plan), root_label(plan),
-                        _uuid(key, "root-fs"), disk_mib, root_mib, hygiene=findings)
+                        root_fs.fs_uuid(plan.install.key if plan.install else key, root_mib, root_label(plan)),
+                        disk_mib, root_mib, hygiene=findings)
     cfg = grub_config(art, name, plan.version)
     (work / "grub.cfg").write_text(cfg)
 
@@ -182,7 +193,7 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
     if "netboot" in formats:
         archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch, chunks, name)
     try:
-        raw_sha = _disks(art, rootfs, work, key, epoch, formats, step, pool)
+        raw_sha = _disks(art, rootfs, work, key, epoch, formats, step, pool, root, phase)
         shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
         shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", work / "initrd.img")
         art.files.update(kernel="vmlinuz", initrd="initrd.img")
@@ -210,15 +221,16 @@ def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 
 def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, formats: list[str],
-           step: Callable[[str, Timer], None], pool: ThreadPoolExecutor) -> Future[str] | None:
+           step: Callable[..., None], pool: ThreadPoolExecutor, root: Path,
+           phase: PackagePhase | None) -> Future[str] | None:
     """The raw disk (root ext4 and boot loaders) and the qcow2 made from it; the raw disk's sha256
     is taken while the qcow2 is made (both read it once, from the page cache)."""
     disk = work / "disk.raw"
     with Timer() as t:
-        disk_mod.root_disk(disk, art, rootfs, key, epoch)
-    step(f"root ext4 {art.root_mib} MiB", t)
+        how = root_fs.write(disk, art, rootfs, key, epoch, root, phase)
+    step(f"root ext4 {art.root_mib} MiB", t, how)
     with Timer() as t:
-        disk_mod.boot_loaders(disk, work, key, epoch)
+        boot_loaders(disk, work, key, epoch)
     step("GRUB for UEFI and BIOS", t)
     raw_sha = pool.submit(sha256_file, disk) if "raw" in formats else None
     if "qcow2" in formats:

@@ -109,6 +109,12 @@ def write_bios_boot(disk: Path, core: bytes) -> None:
 
 def root_disk(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str) -> None:
     """The GPT and the root ext4, written straight into the disk file (mkfs.ext4 -d, nothing mounted)."""
+    partition(disk, art, key)
+    make_root_fs(disk, art, rootfs, epoch, ROOT_START_MIB * MIB)
+
+
+def partition(disk: Path, art: NodeArtifacts, key: str) -> None:
+    """A sparse disk file of the image's size with its GPT."""
     disk.touch()
     os.truncate(disk, art.disk_mib * MIB)
     table = "\n".join([
@@ -120,12 +126,35 @@ def root_disk(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str
         f"start={ROOT_START_MIB * 2048}, size={art.root_mib * 2048}, type={TYPE_ROOT_X86_64}, "
         f"uuid={_uuid(key, 'root')}, name=root", ""])
     _run(["sfdisk", "-q", "--no-reread", "--no-tell-kernel", str(disk)], "partitioning", input=table)
+
+
+def make_root_fs(target: Path, art: NodeArtifacts, rootfs: Path, epoch: str, offset: int = 0) -> None:
+    """The root ext4 of `rootfs` written into `target` at offset (a disk, or a file of its own)."""
     fs_uuid = art.root_uuid
-    _run(["mkfs.ext4", "-q", "-F", "-L", art.root_label, "-U", fs_uuid, "-T", "default",
-          "-E", f"root_owner=0:0,hash_seed={fs_uuid},offset={ROOT_START_MIB * MIB}",
-          "-d", str(rootfs), str(disk), f"{art.root_mib}M"], "making the root file system",
+    extended = f"root_owner=0:0,hash_seed={fs_uuid}" + (f",offset={offset}" if offset else "")
+    _run(["mkfs.ext4", "-q", "-F", "-L", art.root_label, "-U", fs_uuid, "-T", "default", "-E", extended,
+          "-d", str(rootfs), str(target), f"{art.root_mib}M"], "making the root file system",
          env={"E2FSPROGS_FAKE_TIME": epoch})
-    normalise_times(disk, ROOT_START_MIB * MIB, rootfs, int(epoch))
+    normalise_times(target, offset, rootfs, int(epoch))
+
+
+def copy_sparse(src: Path, dst: Path, offset: int) -> None:
+    """src's data (not its holes) into dst at offset, inside the kernel."""
+    with src.open("rb") as fi, dst.open("r+b") as fo:
+        size = os.fstat(fi.fileno()).st_size
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole remains
+                break
+            end = os.lseek(fi.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), end - start, start, offset + start)
+                if n <= 0:
+                    raise BuildFailed(f"copying {src.name} into {dst.name} stopped at byte {start}")
+                start += n
+            pos = end
 
 
 def time_commands(rootfs: Path, epoch: int) -> list[str]:
@@ -160,7 +189,8 @@ def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
     # the superblock's lifetime write count too: it depends on how the writes went, not on the content
     script.write_text("\n".join(["ssv kbytes_written 0", *time_commands(rootfs, epoch)]) + "\n")
     try:
-        _run(["debugfs", "-w", "-f", str(script), f"{disk}?offset={offset}"], "fixing the root file system's times",
+        image = f"{disk}?offset={offset}" if offset else str(disk)
+        _run(["debugfs", "-w", "-f", str(script), image], "fixing the root file system's times",
              env={"E2FSPROGS_FAKE_TIME": str(epoch)})  # its superblock's last write time, when it writes one
     finally:
         script.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ Both give the same tree: the same names, contents, owners, modes, times and exte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from ..errors import BuildFailed
 
@@ -48,8 +50,8 @@ def _mountable(dirs: list[str], work: Path) -> bool:
             and len(":".join(dirs)) + 3 * len(str(work)) < MOUNT_OPTIONS_MAX)
 
 
-def _mount(dirs: list[str], work: Path, target: Path) -> bool:
-    upper, scratch = work / "upper", work / "overlay-work"
+def _mount(dirs: list[str], work: Path, target: Path, prefix: str = "") -> bool:
+    upper, scratch = work / f"{prefix}upper", work / f"{prefix}overlay-work"
     for d in (upper, scratch, target):
         d.mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={':'.join(dirs)},upperdir={upper},workdir={scratch}"
@@ -104,3 +106,37 @@ def image_tree(c: docker.DockerClient, ref: str, work: Path) -> Iterator[tuple[P
             c.api.remove_container(holder["Id"], force=True)
     export(c, ref, target)
     yield target, EXPORTED
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagePhase:
+    """The package phase of a node image beside its final tree (node.root_fs makes the root ext4 of
+    the one and writes the difference of the other into it)."""
+
+    tree: Path  # the package phase's file system, mounted
+    image_id: str  # its engine image id: a name for its exact content
+    changes: list[Path]  # the overlay directories above it, top first, the assembly's own changes first
+
+
+@contextlib.contextmanager
+def package_phase(c: docker.DockerClient, final_ref: str, phase_ref: str, work: Path) -> Iterator[PackagePhase | None]:
+    """The package phase's tree mounted beside the final tree that image_tree mounted under work;
+    None where the final tree was not mounted or the phase's layers are not the final image's lowest."""
+    try:
+        phase_info = c.api.inspect_image(phase_ref)
+    except docker.errors.ImageNotFound:
+        yield None
+        return
+    below = layer_dirs(phase_info)
+    full = layer_dirs(c.api.inspect_image(final_ref))
+    target = work / "phase-rootfs"
+    if (not below or not full or len(full) <= len(below) or full[-len(below):] != below
+            or not (work / "upper").is_dir() or not _mountable(below, work)
+            or not _mount(below, work, target, prefix="phase-")):
+        yield None
+        return
+    try:
+        changes = [work / "upper", *(Path(d) for d in full[: len(full) - len(below)])]
+        yield PackagePhase(target, phase_info["Id"], changes)
+    finally:
+        _unmount(target)

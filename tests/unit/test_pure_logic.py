@@ -85,7 +85,9 @@ def test_console_watcher_finds_the_fatal_line_and_notes_failures() -> None:
 
 
 def test_root_size_and_bios_boot_offsets(tmp_path: Path) -> None:
-    assert assemble.root_size_mib(100, None) == 356 and assemble.root_size_mib(4000, None) == 5000
+    # a quarter of headroom, at least 256 MiB, rounded up to 64 MiB (a small edit keeps the size)
+    assert assemble.root_size_mib(100, None) == 384 and assemble.root_size_mib(4000, None) == 5056
+    assert assemble.root_size_mib(3960, None) == assemble.root_size_mib(3965, None) == 4992
     assert assemble.root_size_mib(100, 4096) == 4096 - assemble.ROOT_START_MIB - 1
     with pytest.raises(BuildFailed, match="too small"):
         assemble.root_size_mib(4000, 2048)
