@@ -139,6 +139,8 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
         with image_tree(c, ref, work) as (rootfs, how), \
                 (package_phase(c, ref, phase_ref, work) if phase_ref and how == MOUNTED
                  else contextlib.nullcontext()) as phase:
+            if phase is not None:  # as clean as the final tree: no build record reaches the disk's free blocks
+                rootfs_checks.run(phase.tree)
             chunks = ChunkCache(build_dir(root) / "cache" / "archive-chunks")
             art = _assemble_into(plan, rootfs, how, content_key, key, work, formats, progress, signing, chunks,
                                  root, phase)

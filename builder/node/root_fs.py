@@ -23,7 +23,7 @@ from .artifacts import NodeArtifacts
 from .disk import MIB, ROOT_START_MIB, _uuid, copy_sparse, make_root_fs, partition
 from .tree import PackagePhase
 
-ROOT_FS_VERSION = 1
+ROOT_FS_VERSION = 2  # 2: the package phase cleaned by the rootfs checks first
 
 
 def fs_uuid(seed: str, root_mib: int, label: str) -> str:

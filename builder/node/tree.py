@@ -115,7 +115,7 @@ class PackagePhase:
 
     tree: Path  # the package phase's file system, mounted
     image_id: str  # its engine image id: a name for its exact content
-    changes: list[Path]  # the overlay directories above it, top first, the assembly's own changes first
+    changes: list[Path]  # the overlay directories above it and the assembly's own changes to both trees
 
 
 @contextlib.contextmanager
@@ -136,7 +136,8 @@ def package_phase(c: docker.DockerClient, final_ref: str, phase_ref: str, work: 
         yield None
         return
     try:
-        changes = [work / "upper", *(Path(d) for d in full[: len(full) - len(below)])]
+        # its own upper directory too: what the rootfs checks fix in it is read from the final tree
+        changes = [work / "upper", work / "phase-upper", *(Path(d) for d in full[: len(full) - len(below)])]
         yield PackagePhase(target, phase_info["Id"], changes)
     finally:
         _unmount(target)
