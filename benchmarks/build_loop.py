@@ -6,7 +6,8 @@
 - one sysctl value changed (vm.swappiness, a value not built before), after the cold build;
 - nothing changed.
 
-Each is the whole `nodeforge build` command. Where the time went comes from the build's own
+Each is the whole `nodeforge build` command, started after a `sync` (the previous build's disk
+writes are not the next one's). Where the time went comes from the build's own
 progress lines; peak memory is the build process's; the sizes are the outputs'. The figures are
 written to build/bench/build-loop.json too, to compare run to run. The namespaced engine tags are
 removed afterwards. `python benchmarks/build_loop.py` prints the table; run() returns rows."""
@@ -37,6 +38,7 @@ _STAGES = (("base", "base"), ("layer", "layers (engine steps)"), ("initramfs", "
 def _build(env: dict[str, str], *extra: str) -> tuple[float, str, int]:
     """(seconds, progress lines, peak memory in KiB) of one whole build command."""
     cmd = [sys.executable, "-m", "builder", "build", "images/node-minimal.yaml", "-c", "default", *extra]
+    subprocess.run(["sync"], check=False)  # each figure starts on settled storage, not the last one's writes
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -134,6 +135,7 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
     formats = list(plan.outputs.get("formats") or [])
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.assemble-", dir=out.parent))
+    dropping = _drop_previous(out, work)
     try:
         phase_ref = step_ref(plan.install.key) if plan.install else None
         with image_tree(c, ref, work) as (rootfs, how), \
@@ -144,11 +146,7 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
             chunks = ChunkCache(build_dir(root) / "cache" / "archive-chunks")
             art = _assemble_into(plan, rootfs, how, content_key, key, work, formats, progress, signing, chunks,
                                  root, phase)
-        if out.exists():
-            for keep in ("sbom.spdx.json",):  # written by the build before assembly
-                if (out / keep).exists():
-                    os.replace(out / keep, work / keep)
-            shutil.rmtree(out)
+        dropping.join()
         for tree_dir in ("rootfs", "upper", "overlay-work", "phase-rootfs", "phase-upper", "phase-overlay-work"):
             shutil.rmtree(work / tree_dir, ignore_errors=True)
         for tmp in ("esp.img", "core.img", "BOOTX64.EFI", "grub.cfg"):
@@ -159,8 +157,24 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
         os.replace(work, out)
         return art
     finally:
+        dropping.join()
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _drop_previous(out: Path, work: Path) -> threading.Thread:
+    """The previous outputs out of the way (what the build wrote before assembly kept) and removed
+    in a thread while the new ones are made: a failed assembly leaves none, never a mix."""
+    trash = None
+    if out.exists():
+        for keep in ("sbom.spdx.json",):  # written by the build before assembly
+            if (out / keep).exists():
+                os.replace(out / keep, work / keep)
+        trash = work.with_name(work.name + ".previous")
+        os.replace(out, trash)
+    thread = threading.Thread(target=shutil.rmtree, args=(trash, True) if trash else (work / ".none", True))
+    thread.start()
+    return thread
 
 
 def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, key: str, work: Path,
@@ -190,16 +204,16 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
     (work / "grub.cfg").write_text(cfg)
 
     # the root archive is made from the tree while the disk is (both only read it)
-    pool = ThreadPoolExecutor(max_workers=2)
+    pool = ThreadPoolExecutor(max_workers=3)
     archive: Future[tuple[tuple[str, str], float]] | None = None
     if "netboot" in formats:
         archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch, chunks, name)
     try:
-        raw_sha = _disks(art, rootfs, work, key, epoch, formats, step, pool, root, phase)
+        hashing = _disks(art, rootfs, work, key, epoch, formats, step, pool, root, phase)
         shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
         shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", work / "initrd.img")
         art.files.update(kernel="vmlinuz", initrd="initrd.img")
-        known = {"disk.raw": raw_sha.result()} if raw_sha else {}
+        known = {f: h.result() for f, h in hashing.items()}
         if archive is not None:
             with Timer() as t:
                 (root_sha, reuse), seconds = archive.result()
@@ -224,9 +238,9 @@ def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, formats: list[str],
            step: Callable[..., None], pool: ThreadPoolExecutor, root: Path,
-           phase: PackagePhase | None) -> Future[str] | None:
-    """The raw disk (root ext4 and boot loaders) and the qcow2 made from it; the raw disk's sha256
-    is taken while the qcow2 is made (both read it once, from the page cache)."""
+           phase: PackagePhase | None) -> dict[str, Future[str]]:
+    """The raw disk (root ext4 and boot loaders) and the qcow2 made from it; their sha256s (by file
+    name) are taken in the pool while the rest is made (each read again from the page cache)."""
     disk = work / "disk.raw"
     with Timer() as t:
         how = root_fs.write(disk, art, rootfs, key, epoch, root, phase)
@@ -234,17 +248,20 @@ def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, f
     with Timer() as t:
         boot_loaders(disk, work, key, epoch)
     step("GRUB for UEFI and BIOS", t)
-    raw_sha = pool.submit(sha256_file, disk) if "raw" in formats else None
+    hashing = {"disk.raw": pool.submit(sha256_file, disk)} if "raw" in formats else {}
     if "qcow2" in formats:
         with Timer() as t:
-            _run(["qemu-img", "convert", "-O", "qcow2", str(disk), str(work / "disk.qcow2")], "qcow2 conversion")
+            # no flush at the end (cache mode unsafe): like every other output, written through the page cache
+            _run(["qemu-img", "convert", "-t", "unsafe", "-O", "qcow2", str(disk), str(work / "disk.qcow2")],
+                 "qcow2 conversion")
         art.files["qcow2"] = "disk.qcow2"
+        hashing["disk.qcow2"] = pool.submit(sha256_file, work / "disk.qcow2")
         step("qcow2", t)
     if "raw" in formats:
         art.files["raw"] = "disk.raw"
     else:
         disk.unlink()  # keep a raw disk only when asked for; boots then use the qcow2
-    return raw_sha
+    return hashing
 
 
 def _netboot(art: NodeArtifacts, work: Path, plan: BuildPlan, root_sha: str) -> None:

@@ -55,9 +55,12 @@ def _mount(dirs: list[str], work: Path, target: Path, prefix: str = "") -> bool:
     for d in (upper, scratch, target):
         d.mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={':'.join(dirs)},upperdir={upper},workdir={scratch}"
-    p = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
-                       capture_output=True, text=True)
-    return p.returncode == 0
+    for extra in (",volatile", ""):  # volatile: no sync of the upper directory (it is thrown away)
+        p = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options + extra, str(target)],
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            return True
+    return False
 
 
 def _unmount(target: Path) -> None:
