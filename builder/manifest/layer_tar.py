@@ -87,11 +87,6 @@ def _entry(m: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     return e
 
 
-def kept_members(src: tarfile.TarFile, epoch: int) -> list[tarfile.TarInfo]:
-    """The entries that stay, in their written order: sorted by name, hard links last."""
-    return [m for m, _ in kept(((m, _opener(src, m)) for m in src.getmembers()), epoch)]
-
-
 Opener = Callable[[], IO[bytes]] | None
 
 

@@ -172,7 +172,7 @@ def _drop_previous(out: Path, work: Path) -> threading.Thread:
                 os.replace(out / keep, work / keep)
         trash = work.with_name(work.name + ".previous")
         os.replace(out, trash)
-    thread = threading.Thread(target=shutil.rmtree, args=(trash, True) if trash else (work / ".none", True))
+    thread = threading.Thread(target=shutil.rmtree, args=(trash, True)) if trash else threading.Thread()
     thread.start()
     return thread
 

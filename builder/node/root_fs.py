@@ -74,8 +74,7 @@ def write(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str, ro
                 made = _first_phase(cached, art, phase, epoch)
                 copy_sparse(cached, disk, offset)
                 root_delta.run(f"{disk}?offset={offset}", script, int(epoch), Path(scratch) / "delta")
-            return (f"package phase {'made' if made else 'cached'}, {sum(not c.startswith('cd ') for c in script)}"
-                    " changes written")
+            return f"package phase {'made' if made else 'cached'}, {len(script)} debugfs commands on top"
         except root_delta.Unsupported as e:
             disk.unlink()
             partition(disk, art, key)
