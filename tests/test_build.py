@@ -70,6 +70,20 @@ def test_second_build_rebuilds_nothing(docker_client: docker.DockerClient, tiny_
     assert set(statuses(again).values()) == {"cached"}
 
 
+def test_base_carries_nothing_of_the_build_host(tiny_tree: Path) -> None:
+    """mmdebstrap copies the host's resolv.conf and hostname in; the bootstrap drops them, so the base
+    layer (and every OCI digest above it) is the same on any build host."""
+    import tarfile
+
+    from builder.engine.bootstrap import tarball
+
+    plan = Builder(load_tree(tiny_tree), None, [], Progress(quiet=True)).plan("tiny")
+    with tarfile.open(tarball(plan.base, Progress(quiet=True), "tiny")) as tar:
+        names = {n.removeprefix("./") for n in tar.getnames()}
+    assert "etc/apt/sources.list" in names  # the bootstrapped tree itself
+    assert not names & {"etc/resolv.conf", "etc/hostname"}
+
+
 def test_changing_one_file_rebuilds_that_layer_and_those_after(docker_client: docker.DockerClient,
                                                                tiny_tree: Path) -> None:
     (first,) = build(tiny_tree, "tiny")

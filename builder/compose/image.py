@@ -41,7 +41,7 @@ def _base(image: Image, out: Collector, parent: BuildPlan | None) -> Base:
                                "an image bootstrapped from Debian needs a fixed source-date-epoch")
             epoch = 0
         deb = dict(frm["debian"])
-        key = digest({"bootstrap": "mmdebstrap", "debian": deb, "epoch": epoch})
+        key = digest({"bootstrap": "mmdebstrap", "host-files": "dropped", "debian": deb, "epoch": epoch})
         return Base("debian", key, deb, None, epoch)
     assert parent is not None
     return Base("image", parent.key, None, parent.image, parent.base.epoch if epoch is None else epoch)

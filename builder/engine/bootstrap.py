@@ -17,6 +17,10 @@ from ..progress import Progress, Timer
 from .client import image_exists
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# mmdebstrap copies the build host's resolv.conf and hostname in (for debootstrap's sake) and leaves
+# them: the base layer would then differ from host to host. The engine mounts its own into every
+# container; a node gets its name and resolvers from DHCP or the site.
+DROP_HOST_FILES = 'rm -f "$1/etc/resolv.conf" "$1/etc/hostname"'
 
 
 def cache_dir() -> Path:
@@ -33,7 +37,7 @@ def mmdebstrap_command(base: Base, out: Path) -> list[str]:
     assert base.debian is not None
     deb = base.debian
     cmd = ["mmdebstrap", f"--variant={deb['variant']}", f"--components={','.join(deb['components'])}",
-           "--aptopt=Acquire::Retries \"5\"", "--dpkgopt=force-unsafe-io"]
+           "--aptopt=Acquire::Retries \"5\"", "--dpkgopt=force-unsafe-io", f"--customize-hook={DROP_HOST_FILES}"]
     if deb["include"]:
         cmd.append(f"--include={','.join(deb['include'])}")
     return [*cmd, deb["suite"], str(out), deb["mirror"]]
