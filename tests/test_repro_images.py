@@ -124,13 +124,21 @@ def offline_url() -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("NODEFORGE_TEST_GPU_NODE_REPRO") != "1",
-                    reason="a second cold gpu-node build (DKMS included) takes 9 minutes and more; "
-                           "NODEFORGE_TEST_GPU_NODE_REPRO=1 runs it")
-def test_gpu_node_twice(build_twice: Builds, offline_url: str) -> None:
+def test_gpu_node_twice(build_twice: Builds, offline_url: str, docker_client: docker.DockerClient) -> None:
     """gpu-node -c dgx-h100 (the driver's DKMS build, fabric manager, the container toolkit from
     the stand-in packages): build B builds every step again, DKMS included."""
     sets = [f"nvidia-container-runtime.offline_source={offline_url}/toolkit/",
             f"nvidia-driver.fabricmanager_source={offline_url}/fabricmanager/"]
     a, b = build_twice("gpu-node", "dgx-h100", sets)
     assert_identical(a, b, NODE_OUTPUTS)
+    tag = json.loads((b / "manifest.json").read_text())["tags"][0]
+    assert _in_layers(docker_client, tag, "etc/munge/munge.key") == [], \
+        "a layer of the image ships the munge key munge's postinst generated"
+
+
+def _in_layers(c: docker.DockerClient, ref: str, rel: str) -> list[Path]:
+    """The layer directories of an image (overlay2) that hold rel as a regular file: one a later layer
+    removes is still shipped (its removal is a whiteout, a character device, in the later layer)."""
+    data = c.images.get(ref).attrs["GraphDriver"]["Data"]
+    dirs = [Path(data["UpperDir"]), *(Path(d) for d in data.get("LowerDir", "").split(":") if d)]
+    return [d / rel for d in dirs if (d / rel).is_file()]
