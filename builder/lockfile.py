@@ -113,6 +113,11 @@ def wheel_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def wheel_file(url: str) -> str:
+    """The file name a locked wheel's URL names (the mirror keeps the wheel under it)."""
+    return url.rsplit("/", 1)[-1].split("#")[0].split("?")[0]
+
+
 def wheels(lock: Lock | None, layer: str) -> dict[str, dict[str, str]]:
     """The locked wheels of a layer (direct requirements and their dependencies)."""
     return lock.wheels.get(layer, {}) if lock else {}

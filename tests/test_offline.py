@@ -7,6 +7,8 @@ before anything is built."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +26,8 @@ from builder.debian import parse_dpkg_status
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "node-minimal"
 TAG = "nodeforge/node-minimal:0.1.0"
+CUDA = "cuda-12.9-base"  # container-base, then NVIDIA's cudart wheel
+CUDA_TAGS = ("nodeforge/container-base:bookworm", "nodeforge/cuda:12.9.1-base-debian12")
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0,
@@ -59,19 +63,22 @@ def _cleanup(namespace: str) -> None:
 
 @pytest.fixture
 def isolated(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
-    """An environment sharing nothing with earlier builds; the output tag put back afterwards."""
+    """An environment sharing nothing with earlier builds; the output tags put back afterwards."""
     namespace = f"offline{os.getpid()}"
-    try:
-        before = docker_client.api.inspect_image(TAG)["Id"]
-    except docker.errors.ImageNotFound:
-        before = None
+    before: dict[str, str | None] = {}
+    for ref in (TAG, *CUDA_TAGS):
+        try:
+            before[ref] = docker_client.api.inspect_image(ref)["Id"]
+        except docker.errors.ImageNotFound:
+            before[ref] = None
     yield {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build"), "NODEFORGE_CACHE_NAMESPACE": namespace,
            "NODEFORGE_CACHE": str(tmp_path / "cache")}
-    repo, _, tag = TAG.rpartition(":")
-    if before:
-        docker_client.api.tag(before, repo, tag)
-    else:
-        subprocess.run(["docker", "rmi", TAG], capture_output=True)
+    for ref, image_id in before.items():
+        repo, _, tag = ref.rpartition(":")
+        if image_id:
+            docker_client.api.tag(image_id, repo, tag)
+        else:
+            subprocess.run(["docker", "rmi", ref], capture_output=True)
     _cleanup(namespace)
 
 
@@ -105,6 +112,44 @@ def test_offline_build_with_the_network_cut(mirror: Path, isolated: dict[str, st
     assert "deb.debian.org" in sources and "nodeforge-mirror" not in sources  # the image's own sources
     assert "nodeforge" not in leftovers and ".deb" not in leftovers
 
+
+
+def test_offline_cuda_image_takes_its_wheels_from_the_mirror(isolated: dict[str, str], tmp_path: Path,
+                                                             docker_client: docker.DockerClient) -> None:
+    """cuda-12.9-base unpacks NVIDIA's cudart wheel in its package phase: offline it is copied from the
+    mirror (checked against the lock's sha256 as online), and the step keeps its key."""
+    dest = tmp_path / "mirror"
+    done = nodeforge("mirror", CUDA, str(dest))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(list((dest / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl"))) == 1
+    done = nodeforge("build", "--offline", "--mirror", str(dest), CUDA, env=isolated, net=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    out = docker_client.containers.run(CUDA_TAGS[1], ["-c", "ls /usr/local/cuda/lib64; echo @@; ls -A /tmp /mnt"],
+                                       entrypoint=["/bin/sh"], user="root", remove=True,
+                                       network_mode="none").decode()
+    libs, leftovers = out.split("@@")
+    assert "libcudart.so.12" in libs
+    assert leftovers.split() == ["/mnt:", "/tmp:"]  # no wheel, no mirror, no apt configuration left
+
+
+def test_offline_wheel_must_match_the_lock(isolated: dict[str, str], tmp_path: Path) -> None:
+    """A wheel swapped in the mirror, with an index that agrees, still fails: the package phase checks
+    each wheel against the lock's sha256."""
+    dest = tmp_path / "mirror"
+    done = nodeforge("mirror", CUDA, str(dest))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (dest / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl")
+    data = bytearray(wheel.read_bytes())
+    data[-100] ^= 0xFF
+    wheel.unlink()
+    wheel.write_bytes(bytes(data))
+    index = json.loads((dest / "nodeforge-mirror.json").read_text())
+    rel = str(wheel.relative_to(dest))
+    index["files"][rel]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (dest / "nodeforge-mirror.json").write_text(json.dumps(index))
+    done = nodeforge("build", "--offline", "--mirror", str(dest), CUDA, env=isolated, net=False)
+    assert done.returncode != 0
+    assert "sha256sum: WARNING: 1 computed checksum did NOT match" in done.stderr, done.stderr[-3000:]
 
 def _add_package(tree: Path, layer: str, package: str) -> None:
     path = tree / "layers" / layer / "layer.yaml"

@@ -7,10 +7,13 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from .. import lockfile
 from ..plan import ContextFile
 from .scope import LayerScope
 
 WHEELS_TMP = "/tmp/nodeforge-wheels"
+# set by an offline build's package step: the mirror's wheel directory, read instead of the network
+WHEEL_MIRROR_VARIABLE = "NODEFORGE_WHEEL_MIRROR"
 
 
 def wheel_lines(wheels: dict[str, dict[str, str]], target: str, build_only: list[str]) -> list[str]:
@@ -26,10 +29,13 @@ def wheel_lines(wheels: dict[str, dict[str, str]], target: str, build_only: list
              f'  printf "%s\\n" "$NODEFORGE_CA_BUNDLE" >{tmp}/ca.pem; ca=(-o Acquire::https::CaInfo={tmp}/ca.pem)',
              "fi"]
     for name, w in sorted(wheels.items()):
-        file = f"{tmp}/{w['url'].rsplit('/', 1)[-1].split('#')[0]}"
+        base = lockfile.wheel_file(w["url"])
+        file = f"{tmp}/{base}"
         lines += [f"# {name} {w['version']}",
-                  f"/usr/lib/apt/apt-helper -q \"${{ca[@]}}\" download-file {shlex.quote(w['url'])} "
-                  f"{shlex.quote(file)} SHA256:{w['sha256']}",
+                  f'if [ -n "${{{WHEEL_MIRROR_VARIABLE}:-}}" ]; then '
+                  f'cp -- "${WHEEL_MIRROR_VARIABLE}"/{shlex.quote(base)} {shlex.quote(file)}',
+                  f"else /usr/lib/apt/apt-helper -q \"${{ca[@]}}\" download-file {shlex.quote(w['url'])} "
+                  f"{shlex.quote(file)} SHA256:{w['sha256']}; fi",
                   f"echo {shlex.quote(w['sha256'] + '  ' + file)} | sha256sum --check --quiet",
                   f"unzip -q -o {shlex.quote(file)} -d {shlex.quote(target)}", f"rm -f {shlex.quote(file)}"]
     lines.append(f"rm -rf {tmp}")

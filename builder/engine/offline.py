@@ -1,8 +1,10 @@
 """The package step of an offline build: the same step (same script, same key) run as a container
 with the network off and a verified package mirror bind-mounted read-only, then committed (what a
 RUN is: run and commit). apt reads the mirror through a configuration named by APT_CONFIG for this
-run only: the image's own sources stay as they are, and neither the mirror nor the configuration
-is left in the image (a bind mount is not committed; the two small files are removed)."""
+run only, and the wheel lines copy the locked wheels from the mirror's wheel directory (each checked
+against the lock's sha256, as online): the image's own sources stay as they are, and neither the
+mirror nor the configuration is left in the image (a bind mount is not committed; the two small
+files are removed)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import docker
 
+from ..compose.apply import WHEEL_MIRROR_VARIABLE
 from ..errors import BuildFailed
 from ..plan import LayerStep
 from .client import inspect
@@ -22,6 +25,7 @@ from .dockerfile import APPLY_DIR, write_context
 from .steps import step_ref
 
 MOUNT = "/mnt"  # exists in every Debian root: the run creates no mount point that a commit would keep
+WHEEL_DIR = "wheels"  # the mirror's directory of locked wheels (read by the package phase's wheel lines)
 _CONF = "/tmp/nodeforge-offline-apt.conf"
 _LIST = "/tmp/nodeforge-offline-apt.list"
 # what the committed image keeps of the container's configuration: the parent's, as a RUN keeps it
@@ -42,7 +46,8 @@ def command(step: LayerStep, epoch: int) -> list[str]:
         "set -e",
         f"printf '%s\\n' {' '.join(shlex.quote(o) for o in apt_options())} > {_CONF}",
         f"printf '%s\\n' {shlex.quote(source)} > {_LIST}",
-        f"APT_CONFIG={_CONF} SOURCE_DATE_EPOCH={epoch} /bin/bash {APPLY_DIR}/{step.layer}.sh",
+        f"APT_CONFIG={_CONF} {WHEEL_MIRROR_VARIABLE}={MOUNT}/{WHEEL_DIR} SOURCE_DATE_EPOCH={epoch} "
+        f"/bin/bash {APPLY_DIR}/{step.layer}.sh",
         f"rm -f {_CONF} {_LIST}",
     ]
     return ["/bin/sh", "-c", "\n".join(script)]

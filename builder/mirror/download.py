@@ -14,6 +14,7 @@ from pathlib import Path
 
 import docker
 
+from .. import lockfile
 from ..engine.resolve import repo_files
 from ..engine.trust import extra_ca
 from ..errors import BuildFailed, UsageError
@@ -72,8 +73,8 @@ def debs(c: docker.DockerClient, base_ref: str, plans: list[BuildPlan], wanted: 
 
 def wheel(url: str, sha256: str, dest: Path) -> Path:
     """One locked wheel into dest, checked against the lock's sha256."""
-    name = url.rsplit("/", 1)[-1].split("#")[0].split("?")[0]
-    if not name.endswith(".whl") or "/" in name:
+    name = lockfile.wheel_file(url)
+    if not name.endswith(".whl") or name.startswith("."):
         raise UsageError(f"wheel URL {url!r} does not name a .whl file; run `nodeforge lock` again")
     dest.mkdir(parents=True, exist_ok=True)
     ca = extra_ca()

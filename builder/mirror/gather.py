@@ -14,7 +14,7 @@ from .. import lockfile
 from ..compose.image import compose
 from ..debian import parse_dpkg_status
 from ..definitions.load import Tree
-from ..engine import bootstrap
+from ..engine import bootstrap, offline
 from ..engine import client as engine
 from ..errors import EnvironmentProblem, UsageError
 from ..plan import BuildPlan, sha256_file
@@ -211,7 +211,7 @@ def _wheels(locked: dict[str, lockfile.Lock], tmp: Path, index: Index, progress:
         return
     with Timer() as t:
         for (name, version), w in sorted(wheels.items()):
-            path = download.wheel(w["url"], w["sha256"], tmp / "wheels")
+            path = download.wheel(w["url"], w["sha256"], tmp / offline.WHEEL_DIR)
             rel = str(path.relative_to(tmp))
             index.add_file(tmp, rel, w["sha256"])
             index.wheels.setdefault(name, {})[version] = {"file": rel, "sha256": w["sha256"]}
