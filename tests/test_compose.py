@@ -101,6 +101,37 @@ def test_two_layers_writing_one_file_conflict(scratch_tree: Path) -> None:
     assert "layer base" in e.value.render() and "layer tuned" in e.value.render()
 
 
+def test_a_package_phase_step_runs_in_the_package_phase(scratch_tree: Path) -> None:
+    write(scratch_tree, "layers/tuned/layer.yaml", "name: tuned\nsummary: s\nsteps:\n"
+          "  - {name: right after the installs, phase: packages, run: echo in-package-phase}\n"
+          "  - {name: after the files, run: echo in-config-phase}\n")
+    img = image_text(scratch_tree).replace("  - monitoring\n", "  - monitoring\n  - tuned\n")
+    write(scratch_tree, "images/node-minimal.yaml", img)
+    plan = compose(load_tree(scratch_tree), "node-minimal", "default")
+    assert plan.install is not None
+    install = plan.install.apply
+    assert "echo in-package-phase" in install and "in-config-phase" not in install
+    assert install.index("apt-get install") < install.index("echo in-package-phase")
+    assert "# layer tuned: wheels, holds and package-phase steps" in install
+    (tuned,) = [s for s in plan.steps if s.layer == "tuned"]
+    assert "echo in-config-phase" in tuned.apply and "in-package-phase" not in tuned.apply
+    before = plan.install.key
+    write(scratch_tree, "layers/tuned/layer.yaml", "name: tuned\nsummary: s\nsteps:\n"
+          "  - {name: right after the installs, phase: packages, run: echo in-package-phase}\n"
+          "  - {name: after the files, run: echo changed}\n")
+    again = compose(load_tree(scratch_tree), "node-minimal", "default")
+    assert again.install is not None and again.install.key == before  # a config step leaves the packages alone
+
+
+def test_no_layer_takes_the_package_phase_name(scratch_tree: Path) -> None:
+    write(scratch_tree, "layers/packages/layer.yaml", "name: packages\nsummary: s\n")
+    with pytest.raises(DefinitionError) as e:
+        load_tree(scratch_tree)
+    text = e.value.render()
+    assert "layers/packages/layer.yaml" in text and "'packages' is the package phase's" in text
+    assert "rename the layer and its directory" in text
+
+
 def test_required_layer_is_pulled_in_and_ordered_first(scratch_tree: Path) -> None:
     img = image_text(scratch_tree).replace("  - base\n", "")
     write(scratch_tree, "images/node-minimal.yaml", img)

@@ -21,9 +21,10 @@ import shlex
 from typing import Any
 
 from ..debian import APT_INSTALL
+from ..definitions.load import PACKAGE_PHASE
 from ..plan import BuildPlan, LayerStep, digest
 
-INSTALL_LAYER = "packages"  # the name the package phase's step goes by in progress lines and state
+INSTALL_LAYER = PACKAGE_PHASE  # the name the package phase's step goes by in progress lines and state
 DIVERTED = "/usr/sbin/update-initramfs"
 DIVERT_TO = "/usr/sbin/update-initramfs.nodeforge"
 

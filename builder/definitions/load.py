@@ -12,6 +12,8 @@ from .spec import describe, validate
 from .tables import CONFIG, IMAGE, LAYER
 from .yamlsrc import LDict, line_of, load_file
 
+PACKAGE_PHASE = "packages"  # the name the package phase's step goes by (its script, its build state): no layer's
+
 
 @dataclass(frozen=True)
 class Param:
@@ -174,6 +176,12 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     if loaded is None:
         return None
     _, raw, data = loaded
+    if d.name == PACKAGE_PHASE:
+        out.add(rel, Definition("", rel, {}, raw).line("name"), "name",
+                f"the layer name {PACKAGE_PHASE!r} is the package phase's (its step, its script "
+                f"/usr/lib/nodeforge/layers/{PACKAGE_PHASE}.sh and its build state go by it)",
+                "rename the layer and its directory")
+        return None
     params: dict[str, Param] = {}
     for pname, p in data.get("params", {}).items():
         choices = tuple(p["choices"]) if p.get("choices") is not None else None
