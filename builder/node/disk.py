@@ -183,17 +183,28 @@ def time_commands(rootfs: Path, epoch: int) -> list[str]:
     return cmds
 
 
-def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
-    """The times of the root ext4 (inside the disk file at offset) made independent of the build."""
-    script = disk.with_name(".debugfs-times")
-    # the superblock's lifetime write count too: it depends on how the writes went, not on the content
-    script.write_text("\n".join(["ssv kbytes_written 0", *time_commands(rootfs, epoch)]) + "\n")
+def debugfs(image: str, commands: list[str], epoch: int, script: Path) -> list[str]:
+    """Run the commands with `debugfs -w` on image (a file, or file?offset=N), its clock at epoch
+    (the superblock's last write time, when it writes one); what it complained of, empty when it
+    took every command (debugfs exits 0 whatever a command did: only its messages tell)."""
+    script.write_text("\n".join(commands) + "\n")
     try:
-        image = f"{disk}?offset={offset}" if offset else str(disk)
-        _run(["debugfs", "-w", "-f", str(script), image], "fixing the root file system's times",
-             env={"E2FSPROGS_FAKE_TIME": str(epoch)})  # its superblock's last write time, when it writes one
+        p = subprocess.run(["debugfs", "-w", "-f", str(script), image], capture_output=True, text=True,
+                           env={**os.environ, "E2FSPROGS_FAKE_TIME": str(epoch)})
     finally:
         script.unlink(missing_ok=True)
+    complaints = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("debugfs ")]
+    return complaints or ([f"exit {p.returncode}"] if p.returncode != 0 else [])
+
+
+def normalise_times(disk: Path, offset: int, rootfs: Path, epoch: int) -> None:
+    """The times of the root ext4 (inside the disk file at offset) made independent of the build."""
+    # the superblock's lifetime write count too: it depends on how the writes went, not on the content
+    commands = ["ssv kbytes_written 0", *time_commands(rootfs, epoch)]
+    complaints = debugfs(f"{disk}?offset={offset}" if offset else str(disk), commands, epoch,
+                         disk.with_name(".debugfs-times"))
+    if complaints:
+        raise BuildFailed("fixing the root file system's times failed (debugfs): " + "; ".join(complaints[:5]))
 
 
 def boot_loaders(disk: Path, work: Path, key: str, epoch: str) -> None:

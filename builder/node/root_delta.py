@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+from .disk import debugfs
 
 # overlay features that put an entry's data or name somewhere else than its own path
 _OVERLAY_INDIRECT = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
@@ -191,12 +192,6 @@ def commands(final: View, pkg: View, changed: set[str], epoch: int, scratch: Pat
 
 def run(image: str, script: list[str], epoch: int, script_path: Path) -> None:
     """Run the commands on `image` (a file, or file?offset=N); any complaint of debugfs's fails."""
-    script_path.write_text("\n".join(script) + "\n")
-    try:
-        p = subprocess.run(["debugfs", "-w", "-f", str(script_path), image], capture_output=True, text=True,
-                           env={**os.environ, "E2FSPROGS_FAKE_TIME": str(epoch)})
-    finally:
-        script_path.unlink(missing_ok=True)
-    complaints = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("debugfs ")]
-    if p.returncode != 0 or complaints:
-        raise Unsupported("debugfs: " + "; ".join(complaints[:5] or [f"exit {p.returncode}"]))
+    complaints = debugfs(image, script, epoch, script_path)
+    if complaints:
+        raise Unsupported("debugfs: " + "; ".join(complaints[:5]))
