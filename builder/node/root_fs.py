@@ -33,8 +33,16 @@ def fs_uuid(seed: str, root_mib: int, label: str) -> str:
 
 @functools.cache
 def mke2fs_version() -> str:
+    """mke2fs's version line, and where dpkg knows them the exact package versions of e2fsprogs and
+    the library it writes with (a Debian revision leaves the version line as it was)."""
     p = subprocess.run(["mke2fs", "-V"], capture_output=True, text=True)
-    return (p.stderr or p.stdout).splitlines()[0] if (p.stderr or p.stdout) else "unknown"
+    line = (p.stderr or p.stdout).splitlines()[0] if (p.stderr or p.stdout) else "unknown"
+    try:
+        q = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version} ", "e2fsprogs", "libext2fs2"],
+                           capture_output=True, text=True)
+    except OSError:
+        return line
+    return f"{line} {q.stdout.strip()}" if q.returncode == 0 else line
 
 
 def cache_path(root: Path, art: NodeArtifacts, phase: PackagePhase, epoch: str) -> Path:
