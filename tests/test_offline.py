@@ -113,16 +113,20 @@ def test_offline_build_with_the_network_cut(mirror: Path, isolated: dict[str, st
     assert "nodeforge" not in leftovers and ".deb" not in leftovers
 
 
-
-def test_offline_cuda_image_takes_its_wheels_from_the_mirror(isolated: dict[str, str], tmp_path: Path,
-                                                             docker_client: docker.DockerClient) -> None:
-    """cuda-12.9-base unpacks NVIDIA's cudart wheel in its package phase: offline it is copied from the
-    mirror (checked against the lock's sha256 as online), and the step keeps its key."""
-    dest = tmp_path / "mirror"
+@pytest.fixture(scope="module")
+def cuda_mirror(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("offline-cuda") / "mirror"
     done = nodeforge("mirror", CUDA, str(dest))
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(list((dest / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl"))) == 1
-    done = nodeforge("build", "--offline", "--mirror", str(dest), CUDA, env=isolated, net=False)
+    return dest
+
+
+def test_offline_cuda_image_takes_its_wheels_from_the_mirror(cuda_mirror: Path, isolated: dict[str, str],
+                                                             docker_client: docker.DockerClient) -> None:
+    """cuda-12.9-base unpacks NVIDIA's cudart wheel in its package phase: offline it is copied from the
+    mirror (checked against the lock's sha256 as online), and the step keeps its key."""
+    done = nodeforge("build", "--offline", "--mirror", str(cuda_mirror), CUDA, env=isolated, net=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     out = docker_client.containers.run(CUDA_TAGS[1], ["-c", "ls /usr/local/cuda/lib64; echo @@; ls -A /tmp /mnt"],
                                        entrypoint=["/bin/sh"], user="root", remove=True,
@@ -132,12 +136,11 @@ def test_offline_cuda_image_takes_its_wheels_from_the_mirror(isolated: dict[str,
     assert leftovers.split() == ["/mnt:", "/tmp:"]  # no wheel, no mirror, no apt configuration left
 
 
-def test_offline_wheel_must_match_the_lock(isolated: dict[str, str], tmp_path: Path) -> None:
+def test_offline_wheel_must_match_the_lock(cuda_mirror: Path, isolated: dict[str, str], tmp_path: Path) -> None:
     """A wheel swapped in the mirror, with an index that agrees, still fails: the package phase checks
     each wheel against the lock's sha256."""
     dest = tmp_path / "mirror"
-    done = nodeforge("mirror", CUDA, str(dest))
-    assert done.returncode == 0, done.stdout + done.stderr
+    shutil.copytree(cuda_mirror, dest, copy_function=os.link)  # the fixture's mirror stays intact
     (wheel,) = (dest / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl")
     data = bytearray(wheel.read_bytes())
     data[-100] ^= 0xFF
@@ -146,10 +149,12 @@ def test_offline_wheel_must_match_the_lock(isolated: dict[str, str], tmp_path: P
     index = json.loads((dest / "nodeforge-mirror.json").read_text())
     rel = str(wheel.relative_to(dest))
     index["files"][rel]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (dest / "nodeforge-mirror.json").unlink()  # a hard link to the fixture's index: write a file of its own
     (dest / "nodeforge-mirror.json").write_text(json.dumps(index))
     done = nodeforge("build", "--offline", "--mirror", str(dest), CUDA, env=isolated, net=False)
     assert done.returncode != 0
     assert "sha256sum: WARNING: 1 computed checksum did NOT match" in done.stderr, done.stderr[-3000:]
+
 
 def _add_package(tree: Path, layer: str, package: str) -> None:
     path = tree / "layers" / layer / "layer.yaml"
