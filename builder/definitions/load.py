@@ -176,8 +176,9 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     if loaded is None:
         return None
     _, raw, data = loaded
+    where = Definition("", rel, {}, raw)
     if d.name == PACKAGE_PHASE:
-        out.add(rel, Definition("", rel, {}, raw).line("name"), "name",
+        out.add(rel, where.line("name"), "name",
                 f"the layer name {PACKAGE_PHASE!r} is the package phase's (its step, its script "
                 f"/usr/lib/nodeforge/layers/{PACKAGE_PHASE}.sh and its build state go by it)",
                 "rename the layer and its directory")
@@ -189,17 +190,16 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
         if ptype.startswith("list["):  # list[str] is type: list with items: str
             ptype, items = "list", ptype[5:-1]
         if items is not None and ptype != "list":
-            out.add(rel, Definition("", rel, {}, raw).line("params", pname, "items"), f"params.{pname}.items",
+            out.add(rel, where.line("params", pname, "items"), f"params.{pname}.items",
                     f"items is the item type of a list; the type is {ptype}", "drop items, or make it type: list")
             continue
         param = Param(pname, ptype, None, p["doc"], p.get("min"), p.get("max"), choices, p.get("pattern"), items)
         value, why = param.coerce(p["default"])
         if why:
-            out.add(rel, Definition("", rel, {}, raw).line("params", pname, "default"),
+            out.add(rel, where.line("params", pname, "default"),
                     f"params.{pname}.default", why)
             continue
         params[pname] = Param(pname, ptype, value, p["doc"], param.min, param.max, choices, param.pattern, items)
-    where = Definition("", rel, {}, raw)
     for i, f in enumerate(data.get("files", [])):
         if f.get("source"):
             why = _inside_files(root, d, f["source"], "a file")

@@ -32,7 +32,7 @@ def fs_uuid(seed: str, root_mib: int, label: str) -> str:
 
 
 @functools.cache
-def mke2fs_version() -> str:
+def e2fsprogs_version() -> str:
     """mke2fs's version line, and where dpkg knows them the exact package versions of e2fsprogs and
     the library it writes with (a Debian revision leaves the version line as it was)."""
     p = subprocess.run(["mke2fs", "-V"], capture_output=True, text=True)
@@ -47,7 +47,7 @@ def mke2fs_version() -> str:
 
 def cache_path(root: Path, art: NodeArtifacts, phase: PackagePhase, epoch: str) -> Path:
     inputs = f"{ROOT_FS_VERSION}:{phase.image_id}:{art.root_mib}:{art.root_label}:{art.root_uuid}:{epoch}:" \
-             f"{mke2fs_version()}"
+             f"{e2fsprogs_version()}"
     return build_dir(root) / "cache" / "root-fs" / art.image / f"{hashlib.sha256(inputs.encode()).hexdigest()}.ext4"
 
 
