@@ -288,6 +288,7 @@ class Struct(Spec):
     fields: dict[str, Field]
     what: str = "a mapping"
     one_of: tuple[str, ...] = ()  # exactly one of these keys must be present
+    open: bool = False  # unknown keys are dropped, not refused (documents of other tools: OCI, registries)
 
     def expected(self) -> str:
         return self.what
@@ -298,7 +299,7 @@ class Struct(Spec):
             return _MISSING
         out: dict[str, Any] = {}
         for k in value:
-            if k not in self.fields:
+            if k not in self.fields and not self.open:
                 sub = f"{path}.{k}" if path else str(k)
                 close = _close_matches(str(k), self.fields) if len(str(k)) < 100 else ""
                 ctx.error(value, k, sub, f"unknown key {str(k)[:100]!r}",
