@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_FAIL, EXIT_USAGE, NodeforgeError
+from .engine import cancel
+from .errors import EXIT_FAIL, DefinitionError, NodeforgeError, UsageError
 
 
 def _tree(args: argparse.Namespace) -> Any:
@@ -64,8 +65,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
             except NodeforgeError as e:
                 problems.extend(p for p in e.problems if p not in problems)
     if problems:
-        from .errors import DefinitionError
-
         raise DefinitionError(problems)
     print(f"ok: {len(tree.layers)} layers, {len(tree.images)} images, {len(tree.configs)} configs")
     return 0
@@ -136,8 +135,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _formats(value: str | None) -> list[str] | None:
-    from .errors import UsageError
-
     formats = list(dict.fromkeys(f.strip() for f in (value or "").split(",") if f.strip()))
     if value is not None and (not formats or not set(formats) <= {"raw", "qcow2", "netboot"}):
         raise UsageError(f"--format: expected a comma-separated list of raw, qcow2, netboot; found {value!r}")
@@ -186,7 +183,6 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def _modes(text: str | None) -> tuple[str, ...]:
-    from .errors import UsageError
     from .verify.boot import ALL_MODES, MODES
 
     if not text:
@@ -229,9 +225,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     if not registry and config and config.data.get("site"):
         registry = config.data["site"].get("registry")
     if not registry:
-        from .errors import NodeforgeError as Usage
-
-        raise Usage("no registry: give --registry HOST:PORT or set site.registry in the config")
+        raise NodeforgeError("no registry: give --registry HOST:PORT or set site.registry in the config")
     images = []
     for ref in args.images:
         plan, _, _ = _built(args, tree, ref, "push")
@@ -373,28 +367,34 @@ def main(argv: list[str] | None = None) -> int:
     args.root = _root_for(first, args.root) if first else (args.root or ".")
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     try:
-        return int(args.func(args))
+        with cancel.on_signals():  # Ctrl-C and SIGTERM stop the build
+            return int(args.func(args))
     except NodeforgeError as e:
         print(e.render(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        # temporary files and directories go with the code that made them (finally, context
-        # managers); the containers this process created are removed here
-        client_module = sys.modules.get("builder.engine.client")
-        removed = client_module.remove_throwaway_containers() if client_module else []
-        print("interrupted" + (f"; removed containers {' '.join(removed)}" if removed else ""), file=sys.stderr)
-        return EXIT_USAGE
+        client_module = sys.modules.get("builder.engine.client")  # the containers this process created
+        return cancel.interrupted(client_module.remove_throwaway_containers if client_module else list)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        where = f" writing {e.filename}" if e.filename else ""
-        print(f"error: no space left on the device{where}: nothing was published as complete (partial "
-              "outputs were removed); free space (docker system prune, build/) and run it again", file=sys.stderr)
-        return EXIT_FAIL
+    except Exception as e:
+        return _fault(e)
 
+
+def _fault(e: Exception) -> int:
+    """An engine call that failed (exit 2, naming the call and the engine), a full disk (exit 1); else a bug."""
+    client_module = sys.modules.get("builder.engine.client")  # loaded wherever the engine was spoken to
+    problem = client_module.engine_problem(e) if client_module else None
+    if problem is not None:
+        print(problem.render(), file=sys.stderr)
+        return int(problem.exit_code)
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise e
+    where = f" writing {e.filename}" if e.filename else ""
+    print(f"error: no space left on the device{where}: nothing was published as complete (partial "
+          "outputs were removed); free space (docker system prune, build/) and run it again", file=sys.stderr)
+    return EXIT_FAIL
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ from . import lockfile as lock
 from .compose.image import compose
 from .compose.phases import engine_steps
 from .definitions.load import Tree
-from .engine import bootstrap, initramfs, offline, sbom, trust
+from .engine import bootstrap, cancel, initramfs, offline, sbom, trust
 from .engine import cache as rebuild
 from .engine import client as engine
 from .engine import resolve as resolver
@@ -77,6 +77,7 @@ class Builder:
         self.bases: dict[str, str] = {}  # base key -> tarball in the mirror
         self.results: dict[str, BuildResult] = {}
         self._lock = threading.Lock()
+        self._swept = False  # the containers of killed builds removed (once, at the first image)
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, image: str) -> BuildPlan:
@@ -118,15 +119,17 @@ class Builder:
     # --- building -------------------------------------------------------------------------------
     def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
         order = self._closure(images)
+        for stray in assemble.remove_strays(self.tree.root):  # what a killed build left (SIGKILL)
+            self.progress.say(order[0], f"removed {stray} (left by a build that was killed)")
         if self.mirror:  # every file checked and every image covered before anything is used
             index = mirror_check.prepare(self.tree.root, [self.plan(n) for n in order], self.mirror, self.progress)
             self.bases = index.bases
-        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="nodeforge-build")
         interrupted = False
         try:
             self._run(pool, order)
-        except KeyboardInterrupt:  # do not wait for running builds; the CLI removes their containers
-            interrupted = True
+        except KeyboardInterrupt:  # do not wait for running builds: they stop (engine.cancel), the CLI
+            interrupted = True     # removes what they leave
             raise
         finally:
             pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
@@ -172,7 +175,9 @@ class Builder:
 
     def _build_after(self, name: str, parent: Future[BuildResult] | None) -> BuildResult:
         parent_result = parent.result() if parent else None
+        cancel.check()
         with engine.image_lock(self.tree.root, name):  # two builds of one image never interleave
+            cancel.check()  # stopped while it waited for the lock: it does not begin
             return self.build_one(name, parent_result)
 
     def _base(self, c: docker.DockerClient, plan: BuildPlan, parent: BuildResult | None) -> tuple[str, str, str]:
@@ -194,6 +199,7 @@ class Builder:
         state = rebuild.State(self.tree.root, name)
         parent_key, parent_name = plan.base.key, "the base"
         for i, step in enumerate(steps, start=1):
+            cancel.check()
             tag = step_ref(step.key)
             fp = rebuild.fingerprint(step, parent_key, parent_name)
             why = ""
@@ -219,7 +225,7 @@ class Builder:
 
     def _engine_step(self, c: docker.DockerClient, step: LayerStep, parent_ref: str, plan: BuildPlan, tag: str,
                      log: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
             write_context(step, Path(tmp))
             ca = trust.extra_ca() if step.wheels and not self.mirror else ""
             try:
@@ -246,13 +252,22 @@ class Builder:
             meta_inputs["user"] = plan.user
         meta_ref = step_ref(digest(meta_inputs))
         if not image_exists(c, meta_ref):
-            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
                 engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
                              self.log_dir / plan.image / "labels.log")
         for tag in plan.tags:
             repo, tg = engine.split_ref(tag)
             c.api.tag(meta_ref, repo, tg)
         return meta_ref, labels
+
+    def _remove_orphans(self, c: docker.DockerClient, image: str) -> None:
+        """Once per build: the containers that killed nodeforge processes of this machine left."""
+        with self._lock:
+            if self._swept:
+                return
+            self._swept = True
+        for cid in engine.remove_orphans(c):
+            self.progress.say(image, f"removed container {cid} (left by a build that was killed)")
 
     def _digests(self, plan: BuildPlan, image_id: str, labels: dict[str, str]) -> image_digest.Digests:
         """The image's normalised OCI digest (cached by engine id and layer): computed while a node is
@@ -266,6 +281,7 @@ class Builder:
         """The whole pipeline for one image: base, lock policy, layer steps, the initramfs step of a
         node, SBOM and labels, assembly of a node's disks."""
         c = engine.client()
+        self._remove_orphans(c, name)
         plan = self.plan(name)
         with Timer() as total:
             base = self._base(c, plan, parent)
@@ -279,9 +295,10 @@ class Builder:
                     content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
                                                                       self.progress, self.log_dir / name)
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
+            cancel.check()
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)
-            with ThreadPoolExecutor(max_workers=1) as side:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nodeforge-digest") as side:
                 digests = side.submit(self._digests, plan, info["Id"], labels)
                 if plan.kind == "node":
                     self.progress.stage(name, "assemble: disks and netboot artifacts")

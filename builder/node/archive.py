@@ -137,7 +137,7 @@ def root_archive(rootfs: Path, dest: Path, epoch: str, cache: ChunkCache, image:
     assert tar.stdout
     pending: list[Future[tuple[bytes, bool]]] = []
     reused = 0
-    with ThreadPoolExecutor(max_workers=2) as pool, dest.open("wb") as out:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nodeforge-archive") as pool, dest.open("wb") as out:
         def drain(limit: int) -> None:
             nonlocal reused
             while len(pending) > limit:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,8 +22,10 @@ from typing import Any, TypeVar
 import docker
 
 from ..checks import rootfs as rootfs_checks
+from ..engine import cancel
+from ..engine.client import image_lock
 from ..engine.steps import step_ref
-from ..errors import BuildFailed
+from ..errors import BuildFailed, EnvironmentProblem
 from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
@@ -134,7 +137,10 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
     check_tools()
     formats = list(plan.outputs.get("formats") or [])
     out.parent.mkdir(parents=True, exist_ok=True)
+    cancel.check()
     work = Path(tempfile.mkdtemp(prefix=f".{name}.assemble-", dir=out.parent))
+    # removed by the CLI when this thread is stopped before it gets to it (engine.cancel)
+    tokens = [cancel.register(work), cancel.register(work.with_name(work.name + ".previous"))]
     dropping = _drop_previous(out, work)
     try:
         phase_ref = step_ref(plan.install.key) if plan.install else None
@@ -160,6 +166,45 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
         dropping.join()
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+        for token in tokens:
+            cancel.unregister(token)
+
+
+def remove_strays(root: Path) -> list[str]:
+    """What a killed build (SIGKILL, a power cut) left in the build directory: assembly directories
+    (.<image>.assemble-*, and their .previous), each with the overlay mounts under it. Only those
+    of images whose build lock no one holds (a running build's directory is its own). Their names,
+    relative to the build directory."""
+    images = build_dir(root) / "images"
+    removed: list[str] = []
+    for d in sorted(images.glob(".*.assemble-*")) if images.is_dir() else []:
+        image = d.name[1:].partition(".assemble-")[0]
+        try:
+            with image_lock(root, image, wait=False):
+                if _unmount_all(d):  # never removed through a mount
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(str(d.relative_to(build_dir(root))))
+        except EnvironmentProblem:
+            continue  # a build of that image runs
+    return removed
+
+
+def _unmount_all(d: Path) -> bool:
+    """Unmount every mount at or under d, the deepest first; whether none is left."""
+    for point in _mounts_under(d):
+        cancel.unmount(point)
+    return not _mounts_under(d)
+
+
+def _mounts_under(d: Path) -> list[Path]:
+    real = Path(os.path.realpath(d))
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    points = [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4]))
+              for f in (line.split() for line in lines) if len(f) > 4]
+    return sorted((p for p in points if p == real or real in p.parents), key=lambda p: len(p.parts), reverse=True)
 
 
 def _drop_previous(out: Path, work: Path) -> threading.Thread:
@@ -172,7 +217,9 @@ def _drop_previous(out: Path, work: Path) -> threading.Thread:
                 os.replace(out / keep, work / keep)
         trash = work.with_name(work.name + ".previous")
         os.replace(out, trash)
-    thread = threading.Thread(target=shutil.rmtree, args=(trash, True)) if trash else threading.Thread()
+    thread = threading.Thread(target=shutil.rmtree, args=(trash, True), name="nodeforge-drop-previous")
+    if not trash:
+        thread = threading.Thread(name="nodeforge-nothing-to-drop")
     thread.start()
     return thread
 
@@ -204,7 +251,7 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
     (work / "grub.cfg").write_text(cfg)
 
     # the root archive is made from the tree while the disk is (both only read it)
-    pool = ThreadPoolExecutor(max_workers=3)
+    pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="nodeforge-assemble")
     archive: Future[tuple[tuple[str, str], float]] | None = None
     if "netboot" in formats:
         archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch, chunks, name)

@@ -21,6 +21,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from ..engine import cancel
 from ..errors import BuildFailed
 
 MOUNT_OPTIONS_MAX = 3800  # the kernel takes a page of mount options
@@ -64,14 +65,13 @@ def _mount(dirs: list[str], work: Path, target: Path, prefix: str = "") -> bool:
 
 
 def _unmount(target: Path) -> None:
-    if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+    cancel.unmount(target)
 
 
 def export(c: docker.DockerClient, ref: str, dest: Path) -> None:
     """The file system through the engine API, unpacked with owners, modes and extended attributes."""
     dest.mkdir(parents=True)
-    container = c.api.create_container(ref, command=["/bin/true"])
+    container = c.api.create_container(ref, command=["/bin/true"], labels={"io.nodeforge.role": "export"})
     try:
         tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "--xattrs", "--xattrs-include=*",
                                 "-C", str(dest)], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -98,12 +98,13 @@ def image_tree(c: docker.DockerClient, ref: str, work: Path) -> Iterator[tuple[P
         holder = c.api.create_container(info["Id"], command=["/bin/true"],
                                         labels={"io.nodeforge.role": "assembly"})
         try:
-            if _mount(dirs, work, target):
-                try:
-                    yield target, MOUNTED
-                finally:
-                    _unmount(target)
-                return
+            with cancel.scratch(target, "mount"):  # unmounted by the CLI if this thread is stopped in it
+                if _mount(dirs, work, target):
+                    try:
+                        yield target, MOUNTED
+                    finally:
+                        _unmount(target)
+                    return
             target.rmdir()
         finally:
             c.api.remove_container(holder["Id"], force=True)
@@ -133,9 +134,11 @@ def package_phase(c: docker.DockerClient, final_ref: str, phase_ref: str, work: 
     below = layer_dirs(phase_info)
     full = layer_dirs(c.api.inspect_image(final_ref))
     target = work / "phase-rootfs"
+    token = cancel.register(target, "mount")
     if (not below or not full or len(full) <= len(below) or full[-len(below):] != below
             or not (work / "upper").is_dir() or not _mountable(below, work)
             or not _mount(below, work, target, prefix="phase-")):
+        cancel.unregister(token)
         yield None
         return
     try:
@@ -144,3 +147,4 @@ def package_phase(c: docker.DockerClient, final_ref: str, phase_ref: str, work: 
         yield PackagePhase(target, phase_info["Id"], changes)
     finally:
         _unmount(target)
+        cancel.unregister(token)

@@ -22,7 +22,8 @@ class TestContainer:
         from testcontainers.core.container import DockerContainer
 
         self.dc = (DockerContainer(ref).with_command(["-c", "trap 'exit 0' TERM; sleep infinity & wait"])
-                   .with_kwargs(entrypoint=["/bin/sh"], labels={SESSION_LABEL: session}, **gpu_kwargs()))
+                   .with_kwargs(entrypoint=["/bin/sh"], labels={SESSION_LABEL: session, **engine.owner_labels()},
+                                **gpu_kwargs()))
         self.dc.start()
         self.wrapped = self.dc.get_wrapped_container()
         self.ref = ref
