@@ -21,6 +21,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from ..engine import cancel
 from ..engine import client as engine
 from ..engine.bootstrap import cache_dir as nodeforge_cache
 from ..node.tree import layer_dirs
@@ -113,7 +114,7 @@ def digest(c: docker.DockerClient, ref: str, epoch: int) -> str:
         except (layer_dir.Unsupported, OSError):
             image = None
     if image is None:
-        with tempfile.TemporaryDirectory(prefix=".saved-", dir=cache) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".saved-", dir=cache) as tmp, cancel.scratch(Path(tmp)):
             config, layers = oci_image.save(c, image_id, Path(tmp))
             image = oci_image.normalise(config, layers, epoch, known=_known_layers(cache, config, epoch))
     for engine_id, blob in zip(oci_image.engine_diff_ids(config), image.layers, strict=True):
