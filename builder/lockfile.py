@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import yaml
 
@@ -71,11 +72,27 @@ def read(root: Path, image: str) -> Lock | None:
               for layer, entry in (data.get("wheels") or {}).items()}
     archives = {str(n): {str(k): str(v) for k, v in (a or {}).items()}
                 for n, a in (data.get("archives") or {}).items()}
+    _refuse_credentials(rel, image, wheels)
     return Lock(str(data.get("image", image)), str(data.get("base", "")), layers, wheels, archives)
+
+
+def _refuse_credentials(rel: str, image: str, wheels: dict[str, dict[str, dict[str, str]]]) -> None:
+    """A wheel URL goes into the package phase's script (in the image), the manifest and the mirror:
+    one that carries a credential is refused, never recorded."""
+    problems = [Problem(rel, None, f"wheels.{layer}.{name}.url",
+                        f"expected a wheel URL without credentials, found one with {found}: "
+                        f"{redact_url(w.get('url', ''))} (credentials left out here)",
+                        "a credential would be recorded in the image's package script and the manifest: lock "
+                        f"from an index whose URLs carry none, then run `nodeforge lock {image}` again")
+                for layer, ws in sorted(wheels.items()) for name, w in sorted(ws.items())
+                if (found := url_credentials(w.get("url", "")))]
+    if problems:
+        raise DefinitionError(problems)
 
 
 def write(root: Path, lock: Lock) -> Path:
     p = path_for(root, lock.image)
+    _refuse_credentials(str(p.relative_to(root)), lock.image, lock.wheels)
     body = {"image": lock.image, "base": lock.base,
             "layers": {n: {"direct": dict(sorted(e["direct"].items())), "deps": dict(sorted(e["deps"].items()))}
                        for n, e in lock.layers.items()}}
@@ -111,6 +128,32 @@ def wheel_name(requirement: str) -> str:
     """The normalised project name of a requirement such as 'Foo_Bar[x]==1.*' (PEP 503)."""
     name = re.split(r"[\s\[=<>!~;@]", requirement.strip(), maxsplit=1)[0]
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_SCP_LIKE = re.compile(r"(?P<user>[^/@:\s]+@)(?P<rest>[^/:\s]+:.*)")  # git's user@host:path
+_SECRET_QUERY = re.compile(r"(?i)token|secret|passw|signature|sig$|auth|key|credential|session")
+
+
+def url_credentials(url: str) -> str:
+    """What of a URL is a credential: 'user-info' (user:password@ or a token as the user name), 'a
+    query parameter NAME' (token=..., X-Amz-Signature=...), or '' when it holds none."""
+    if "://" not in url:
+        return "user-info" if _SCP_LIKE.fullmatch(url) else ""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return "user-info"
+    secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if _SECRET_QUERY.search(k)]
+    return f"a query parameter {secret[0]!r}" if secret else ""
+
+
+def redact_url(url: str) -> str:
+    """A URL as a record may keep it: without user-info (user:password@, a token as the user) and
+    without a query string (where tokens and signatures travel); the rest as it was."""
+    if "://" not in url:
+        m = _SCP_LIKE.fullmatch(url)
+        return m.group("rest") if m else url
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", parts.fragment))
 
 
 def wheel_file(url: str) -> str:

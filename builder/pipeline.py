@@ -21,7 +21,7 @@ from . import lockfile as lock
 from .compose.image import compose
 from .compose.phases import engine_steps
 from .definitions.load import Tree
-from .engine import bootstrap, cancel, initramfs, offline, sbom, trust
+from .engine import bootstrap, cancel, initramfs, offline, sbom
 from .engine import cache as rebuild
 from .engine import client as engine
 from .engine import resolve as resolver
@@ -30,7 +30,7 @@ from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
 from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
-from .manifest import image_digest
+from .manifest import image_digest, layer_secrets
 from .manifest import record as manifest
 from .mirror import offline as mirror_check
 from .node import assemble
@@ -211,7 +211,7 @@ class Builder:
                     self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
                     self.progress.stage(name, f"layer {i}/{n} {step.layer}: building")
                     log = self.log_dir / name / f"{i:02d}-{step.layer}.log"
-                    if self.mirror and plan.install is not None and step.key == plan.install.key:
+                    if plan.install is not None and step.key == plan.install.key and (self.mirror or step.wheels):
                         offline.package_step(c, step, ref, plan.base.epoch, self.mirror, log)
                     else:
                         self._engine_step(c, step, ref, plan, tag, log)
@@ -227,10 +227,9 @@ class Builder:
                      log: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
             write_context(step, Path(tmp))
-            ca = trust.extra_ca() if step.wheels and not self.mirror else ""
             try:
                 engine_build(c, Path(tmp), step_dockerfile(step, parent_ref, plan.base.epoch), tag, log,
-                             {"NODEFORGE_CA_BUNDLE": ca} if ca else None,
+                             None,
                              on_line=lambda line: self.progress.output(plan.image, line),
                              network_mode="none" if self.mirror else None)
             except BuildFailed as e:
@@ -295,6 +294,7 @@ class Builder:
                     content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
                                                                       self.progress, self.log_dir / name)
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
+            layer_secrets.check(c, content_ref, name)
             cancel.check()
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
             info = engine.inspect(c, meta_ref)

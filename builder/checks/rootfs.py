@@ -11,12 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import secrets
 from .registry import Check, check
+from .secrets import KEY_DIRS, KEY_SCAN_MAX
 
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-KEY_DIRS = ("etc", "root", "var/lib", "usr/local", "opt", "home")  # where a private key would be kept
-KEY_SCAN_MAX = 64 * 1024  # a key file is small; larger files are not read
-PEM_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 SSH_HOST_KEY = re.compile(r"etc/ssh/ssh_host_[^/]*_key")  # rootfs/ssh-host-keys removes those
 
 
@@ -89,17 +88,33 @@ def _host_keys(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / "etc/ssh").glob("ssh_host_*_key*"))
 
 
+def _head(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(KEY_SCAN_MAX)
+    except OSError:
+        return b""
+
+
 def _is_private_key(path: Path) -> bool:
-    name = path.name.lower()
-    if name == "mok.key" or name.endswith(".priv"):  # DKMS's and shim's MOK keys (DER, no PEM marker)
+    if secrets.is_private_key(path.name, b""):  # DKMS's and shim's MOK keys (DER, no PEM marker)
         return True
     try:
         if path.stat().st_size > KEY_SCAN_MAX:
             return False
-        with path.open("rb") as f:
-            return bool(PEM_PRIVATE_KEY.search(f.read(KEY_SCAN_MAX)))
     except OSError:
         return False
+    return secrets.is_private_key(path.name, _head(path))
+
+
+def _secret_files(root: Path) -> list[str]:
+    """Generated secrets (a munge key, a random seed) and credential files, non-empty, not links."""
+    found = set()
+    for pattern in secrets.SECRET_FILES:
+        for p in root.glob(pattern):
+            if p.is_file() and not p.is_symlink() and p.stat().st_size > 0:
+                found.add(str(p.relative_to(root)))
+    return sorted(found)
 
 
 def _private_keys(root: Path) -> list[str]:
@@ -182,6 +197,12 @@ ROOTFS_CHECKS: tuple[RootfsCheck, ...] = (
                       "delete it in the layer that makes it (rm in a step); a Secure Boot module signing key is "
                       "given at build time (nodeforge build --secret module-signing=PATH) and never enters the "
                       "image"), _private_keys, None, fatal=True),
+    RootfsCheck(check("rootfs/secret-file", "assemble",
+                      "a generated secret (a munge key, a random seed) or a credential file (apt auth.conf, .netrc, "
+                      ".git-credentials, a docker config.json, ...) is baked in",
+                      "give credentials at build time, never in a file of the image; a package's generated secret "
+                      "is removed by the package phase (checks.secrets.GENERATED): a later layer made this one, "
+                      "remove it in the step that makes it"), _secret_files, None, fatal=True),
     RootfsCheck(check("rootfs/package-lists", "assemble", "apt package lists left in the image (tens of MB, stale)",
                       "end the layer's installs with `rm -rf /var/lib/apt/lists/*` (packages: does it)"),
                 _package_lists, None),

@@ -3,7 +3,9 @@ scripts; diskimage-builder's phase directories):
 
 1. packages: one step for the whole image. Every layer's apt and dpkg configuration, repositories
    and keyrings (files with phase packages), one `apt-get update`, one install of every layer's
-   locked packages, then in layer order each layer's wheels, holds and `phase: packages` steps.
+   locked packages, then in layer order each layer's wheels, holds and `phase: packages` steps, and
+   last the secrets well-known packages generate at install (SSH host keys, munge's key, ssl-cert's
+   snakeoil key, the machine-id: checks.secrets.GENERATED), removed in this same layer.
    Its key holds only what affects it, so a value edit in a file, sysctl, module option or service
    never re-runs a package install. In a node image update-initramfs is diverted to a no-op here:
    package postinsts and triggers generate no initramfs along the way.
@@ -20,6 +22,7 @@ import dataclasses
 import shlex
 from typing import Any
 
+from ..checks import secrets
 from ..debian import APT_INSTALL
 from ..definitions.load import PACKAGE_PHASE
 from ..plan import BuildPlan, LayerStep, digest
@@ -66,6 +69,7 @@ def install_script(steps: list[LayerStep], node: bool) -> str:
     if packages:
         lines += ["apt-get update -q", f"{APT_INSTALL} \\\n    " + " \\\n    ".join(shlex.quote(p) for p in packages)]
     lines += tail
+    lines += secrets.removal_lines()  # in this layer: no layer of the image carries them
     lines += ["apt-get clean", "rm -rf /var/lib/apt/lists/*"]
     return "\n".join(lines) + "\n"
 

@@ -36,8 +36,8 @@ def fragment(step: LayerStep, prefix: str, epoch: int | None = None) -> str:
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")
     if step.apply:
-        if step.wheels:  # extra CAs for the wheel downloads (builder.trust); empty by default
-            lines.append("ARG NODEFORGE_CA_BUNDLE=")
+        # no build argument for extra CAs: the legacy builder writes build arguments into the image's
+        # history; nodeforge runs a step with wheels as a container instead (engine.offline, engine.trust)
         env = ["/usr/bin/env", f"SOURCE_DATE_EPOCH={epoch}"] if epoch is not None else []
         lines.append(f"RUN {dockerfile_json([*env, '/bin/bash', f'{APPLY_DIR}/{step.layer}.sh'])}")
     if step.env:

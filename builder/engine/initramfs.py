@@ -28,6 +28,7 @@ from ..errors import BuildFailed
 from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
+from . import cancel
 from .client import image_exists
 from .steps import engine_build, step_ref
 
@@ -108,7 +109,7 @@ def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, 
                 progress.say(plan.image, f"initramfs generating ... (inputs {ikey[:12]} not built before)")
                 _generate(c, content_ref, plan.base.epoch, cache)
                 status = "built"
-            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
                 (Path(tmp) / "boot").mkdir()
                 for f in cache.iterdir():
                     shutil.copyfile(f, Path(tmp) / "boot" / f.name)

@@ -7,6 +7,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..lockfile import redact_url
 from ..plan import BuildPlan
 
 
@@ -25,7 +26,7 @@ def git_source(root: Path) -> str:
     try:
         url = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        return url or "local"
+        return redact_url(url) or "local"  # never a credential: a token in the origin is published with the image
     except (OSError, subprocess.CalledProcessError):
         return "local"
 

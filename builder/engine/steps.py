@@ -9,6 +9,7 @@ import docker
 
 from ..errors import BuildFailed
 from ..paths import cache_repo
+from . import cancel
 
 
 def step_ref(key: str) -> str:
@@ -27,6 +28,7 @@ def engine_build(c: docker.DockerClient, context: Path, dockerfile: str, tag: st
         f.write(dockerfile + "\n----\n")
         for chunk in c.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
                                  buildargs=buildargs or None, network_mode=network_mode):
+            cancel.check()
             if "stream" in chunk:
                 f.write(chunk["stream"])
                 if on_line and chunk["stream"].strip():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..lockfile import redact_url
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://nodeforge.dev/build/v1"
@@ -30,7 +32,7 @@ def _dependencies(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     if source:
         dep = {"name": "source", "digest": {"gitCommit": source["revision"]}, "annotations": {"dirty": source["dirty"]}}
         if source.get("repository") not in (None, "", "local"):  # a tree without a remote has no address
-            dep["uri"] = f"git+{source['repository']}@{source['revision']}"
+            dep["uri"] = f"git+{redact_url(source['repository'])}@{source['revision']}"
         deps.append(dep)
     base = manifest["base"]
     base_dep: dict[str, Any] = {"name": f"base:{base.get('name') or base['key']}",
@@ -38,8 +40,11 @@ def _dependencies(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     if base.get("digest"):
         base_dep["digest"] = _sha256(base["digest"])
     if base.get("debian"):
-        base_dep["annotations"]["debian"] = base["debian"]
-        base_dep["uri"] = str(base["debian"].get("mirror") or "")
+        debian = dict(base["debian"])
+        if debian.get("mirror"):  # a record never holds a credential
+            debian["mirror"] = redact_url(str(debian["mirror"]))
+        base_dep["annotations"]["debian"] = debian
+        base_dep["uri"] = str(debian.get("mirror") or "")
     if not base_dep.get("digest") and not base_dep.get("uri"):
         base_dep["content"] = ""  # a ResourceDescriptor needs one of uri, digest, content
     deps.append(base_dep)

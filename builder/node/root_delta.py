@@ -8,7 +8,9 @@ tree what the ext4 holds: a directory's names that the final tree lacks are remo
 everything under them), a file, link or device is written anew, and every changed name gets the
 final owner, mode, times (clamped to the epoch, as the first phase has them) and extended
 attributes. The commands are grouped by directory (cd, then plain names): debugfs's `write` and
-`mknod` take a name in the current directory only.
+`mknod` take a name in the current directory only. A file whose every name is removed has its
+data blocks zeroed first (zero_freed): debugfs frees blocks without clearing them, and what a later
+layer removed must not stay in the disk's free space.
 
 What this cannot write exactly (a name debugfs cannot quote, a socket, a symbolic link with
 extended attributes, an overlay redirect or metadata-only copy) raises Unsupported: the caller
@@ -17,7 +19,9 @@ then makes the file system in one phase."""
 from __future__ import annotations
 
 import os
+import re
 import stat
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -97,6 +101,7 @@ class _Script:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._cwd: str | None = None
+        self.removed: list[tuple[str, os.stat_result]] = []  # regular files rm'd, as the package tree has them
 
     def at(self, rel: str, verb: str, after: str = "") -> None:
         """`verb "name" after`, run in the entry's parent directory (the root: by its full name)."""
@@ -120,6 +125,8 @@ def _remove(s: _Script, pkg: View, rel: str) -> None:
             _remove(s, pkg, _join(rel, name))
         s.at(rel, "rmdir")
     else:
+        if stat.S_ISREG(st.st_mode):
+            s.removed.append((rel, st))
         s.at(rel, "rm")
 
 
@@ -143,6 +150,11 @@ def _metadata(s: _Script, rel: str, st: os.stat_result, epoch: int, final: View,
 def commands(final: View, pkg: View, changed: set[str], epoch: int, scratch: Path) -> list[str]:
     """The debugfs commands that turn the package tree's ext4 into the final tree's. scratch: a
     directory for the extended attributes' values (debugfs reads them from files)."""
+    return delta(final, pkg, changed, epoch, scratch)[0]
+
+
+def delta(final: View, pkg: View, changed: set[str], epoch: int, scratch: Path) -> tuple[list[str], list[str]]:
+    """(the debugfs commands, the files whose data they free: every name of theirs is removed)."""
     s = _Script()
     kept: list[tuple[str, os.stat_result]] = []
     first_name: dict[tuple[int, int], str] = {}
@@ -187,7 +199,73 @@ def commands(final: View, pkg: View, changed: set[str], epoch: int, scratch: Pat
     for rel, st in kept:  # last: the commands above change their directories' times
         _metadata(s, rel, st, epoch, final, scratch)
     s.lines.append("ssv kbytes_written 0")  # how the writes went, not the content
-    return s.lines
+    return s.lines, _freed(s.removed)
+
+
+def _freed(removed: list[tuple[str, os.stat_result]]) -> list[str]:
+    """One name of each file whose every name is removed (a file that keeps a name keeps its data)."""
+    names: dict[tuple[int, int], set[str]] = {}
+    links: dict[tuple[int, int], int] = {}
+    for rel, st in removed:
+        names.setdefault((st.st_dev, st.st_ino), set()).add(rel)
+        links[(st.st_dev, st.st_ino)] = st.st_nlink
+    return sorted(min(n) for inode, n in names.items() if len(n) >= links[inode])
+
+
+_RANGE = re.compile(r"\((\d+)(?:-(\d+))?\):(\d+)(?:-(\d+))?")  # a data extent of `stat`; (ETB0), (IND) are not
+_ZEROS = bytes(1 << 20)
+
+
+def _sections(stdout: str) -> list[str]:
+    """debugfs -f's output, one text per command (each starts with its `debugfs: ` echo)."""
+    out: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("debugfs: "):
+            out.append("")
+        elif out:
+            out[-1] += line + "\n"
+    return out
+
+
+def _data_runs(stat_text: str, block: int) -> list[tuple[int, int]]:
+    """(byte offset, length) of each data extent `stat` lists."""
+    runs = []
+    for m in _RANGE.finditer(stat_text.partition("EXTENTS:")[2] or stat_text.partition("BLOCKS:")[2]):
+        first = int(m.group(3))
+        last = int(m.group(4)) if m.group(4) else first
+        runs.append((first * block, (last - first + 1) * block))
+    return runs
+
+
+def zero_freed(disk: Path, offset: int, files: list[str], script_path: Path) -> int:
+    """Zero the data of files (paths in the ext4 inside disk at offset) before the commands unlink
+    them: debugfs's rm frees a file's blocks without clearing them, and what a later layer removed
+    (a secret, a replaced configuration) would stay in the disk's free space. The bytes zeroed."""
+    if not files:
+        return 0
+    script_path.write_text("\n".join(["stats", *(f"stat {_q('/' + rel)}" for rel in files)]) + "\n")
+    try:
+        p = subprocess.run(["debugfs", "-f", str(script_path), f"{disk}?offset={offset}"], capture_output=True,
+                           text=True)
+    finally:
+        script_path.unlink(missing_ok=True)
+    parts = _sections(p.stdout)
+    size = re.search(r"^Block size:\s+(\d+)", parts[0] if parts else "", re.M)
+    if p.returncode != 0 or len(parts) != len(files) + 1 or size is None:
+        raise Unsupported(f"debugfs could not list the blocks of removed files: {p.stderr.strip()[-300:]}")
+    if "inline_data" in parts[0]:
+        raise Unsupported("inline data: a removed file's bytes would stay in its inode")
+    zeroed = 0
+    with disk.open("r+b") as f:
+        for rel, text in zip(files, parts[1:], strict=True):
+            if "Size of inline data" in text or "Type: regular" not in text:
+                raise Unsupported(f"{rel}: its data cannot be zeroed before removal")
+            for start, length in _data_runs(text, int(size.group(1))):
+                for pos in range(start, start + length, len(_ZEROS)):
+                    n = min(len(_ZEROS), start + length - pos)
+                    os.pwrite(f.fileno(), _ZEROS[:n], offset + pos)
+                zeroed += length
+    return zeroed
 
 
 def run(image: str, script: list[str], epoch: int, script_path: Path) -> None:

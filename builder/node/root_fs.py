@@ -77,12 +77,14 @@ def write(disk: Path, art: NodeArtifacts, rootfs: Path, key: str, epoch: str, ro
         cached = cache_path(root, art, phase, epoch)
         try:
             with tempfile.TemporaryDirectory(prefix=".delta-", dir=disk.parent) as scratch:
-                script = root_delta.commands(root_delta.View(rootfs), root_delta.View(phase.tree),
-                                             root_delta.changed_names(phase.changes), int(epoch), Path(scratch))
+                script, freed = root_delta.delta(root_delta.View(rootfs), root_delta.View(phase.tree),
+                                                 root_delta.changed_names(phase.changes), int(epoch), Path(scratch))
                 made = _first_phase(cached, art, phase, epoch)
                 copy_sparse(cached, disk, offset)
+                zeroed = root_delta.zero_freed(disk, offset, freed, Path(scratch) / "blocks")
                 root_delta.run(f"{disk}?offset={offset}", script, int(epoch), Path(scratch) / "delta")
-            return f"package phase {'made' if made else 'cached'}, {len(script)} debugfs commands on top"
+            return (f"package phase {'made' if made else 'cached'}, {len(script)} debugfs commands on top, "
+                    f"{zeroed // 1024} KiB of removed files zeroed")
         except root_delta.Unsupported as e:
             disk.unlink()
             partition(disk, art, key)

@@ -117,6 +117,7 @@ def clean_root(root: Path) -> Path:
 
 
 ROOTFS_FAULTS: dict[str, tuple[dict[str, str], str]] = {
+    "rootfs/secret-file": ({"etc/munge/munge.key": "k"}, "fatal"),
     "rootfs/engine-leftover": ({".dockerenv": ""}, "removed"),
     "rootfs/hostname": ({"etc/hostname": "buildkitsandbox\n"}, "removed"),
     "rootfs/hosts": ({"etc/hosts": "172.17.0.2\tbuildkitsandbox\n"}, "rewritten"),
