@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,8 +111,8 @@ def validate_layer(tree: Tree, name: str, doc: Any, scratch: Path) -> list[str]:
     d = scratch / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "layer.yaml").write_text(yaml.safe_dump(doc, allow_unicode=False, sort_keys=False))
-    if not (d / "files").exists():
-        (d / "files").symlink_to(ROOT / "layers" / name / "files")
+    if not (d / "files").exists() and (ROOT / "layers" / name / "files").is_dir():
+        shutil.copytree(ROOT / "layers" / name / "files", d / "files")  # a link at files/ is refused
     out = Collector()
     layer = _load_layer(scratch, d, out)
     if out.problems or layer is None:
@@ -210,3 +211,125 @@ def test_a_value_of_another_type_never_crashes(real_tree: Tree, tmp_path_factory
     doc = copy.deepcopy(RAW[name])
     _set(doc, path, replacement)
     run_guarded(real_tree, name, doc, tmp_path_factory.mktemp("fuzz"))  # any exception but exit 2 fails
+
+
+# --- images, configs and --set --------------------------------------------------------------------
+# The same properties for the other definitions: one value of one image or config is mutated, the
+# tree is read as `nodeforge validate` reads it and the image (or an image, with the mutated config)
+# composed; a --set string of any text is parsed and composed as `nodeforge plan --set` does.
+
+DOCS = {(kind, p.stem): yaml.safe_load(p.read_text()) for kind in ("images", "configs")
+        for p in sorted((ROOT / kind).glob("*.yaml"))}
+DOC_LEAVES = [(key, path, value) for key, doc in DOCS.items() for path, value in _leaves(doc) if path]
+DOC_STRING_LEAVES = [leaf for leaf in DOC_LEAVES if isinstance(leaf[2], str)]
+IMAGE_NAMES = sorted(name for kind, name in DOCS if kind == "images")
+CONFIG_NAMES = sorted(name for kind, name in DOCS if kind == "configs")
+SET_TARGETS = sorted(f"{name}.{param}" for name in LAYERS for param in (RAW[name].get("params") or {}))
+DOC_EXAMPLES = 25  # each composes an image (a few tenths of a second)
+
+
+@pytest.fixture(scope="module")
+def doc_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the project's definitions; each example rewrites one image or config and restores it."""
+    root = tmp_path_factory.mktemp("doc-fuzz")
+    for d in ("layers", "images", "configs"):
+        shutil.copytree(ROOT / d, root / d)
+    return root
+
+
+def validate_doc(root: Path, kind: str, name: str, doc: Any, other: str) -> list[str]:
+    """The mutated images/<name>.yaml or configs/<name>.yaml read with the whole tree, then composed:
+    the image itself with config `other`, or image `other` with the config. Problems, or []."""
+    path = root / kind / f"{name}.yaml"
+    original = path.read_bytes()
+    path.write_text(yaml.safe_dump(doc, allow_unicode=False, sort_keys=False))
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(ALARM_SECONDS)
+    try:
+        tree = load_tree(root)
+        image, config = (name, other) if kind == "images" else (other, name)
+        compose(tree, image, config, [])
+        return []
+    except NodeforgeError as e:
+        return [p.render() for p in e.problems] or [str(e)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        path.write_bytes(original)
+
+
+def test_the_project_images_and_configs_validate_unchanged(doc_tree: Path) -> None:
+    assert validate_doc(doc_tree, "images", "gpu-node", copy.deepcopy(DOCS["images", "gpu-node"]), "dgx-h100") == []
+    assert validate_doc(doc_tree, "configs", "v100-slurm", copy.deepcopy(DOCS["configs", "v100-slurm"]),
+                        "node-minimal") == []
+
+
+DOC_FUZZ = settings(FUZZ, max_examples=DOC_EXAMPLES)
+
+
+@DOC_FUZZ
+@given(leaf=st.sampled_from(DOC_STRING_LEAVES), char=st.sampled_from(CONTROL + LINE_BREAKS),
+       where=st.sampled_from([0, 1, 2]), other=st.data())
+def test_a_control_character_in_an_image_or_config_is_never_accepted(
+        doc_tree: Path, leaf: tuple[tuple[str, str], tuple[Any, ...], str], char: str, where: int,
+        other: st.DataObject) -> None:
+    (kind, name), path, value = leaf
+    if char in LINE_BREAKS and _matches(path, MULTILINE):
+        return
+    doc = copy.deepcopy(DOCS[kind, name])
+    _set(doc, path, _insert(value, char, where))
+    partner = other.draw(st.sampled_from(CONFIG_NAMES if kind == "images" else IMAGE_NAMES))
+    problems = validate_doc(doc_tree, kind, name, doc, partner)
+    assert problems, f"accepted {char!r} in {kind}/{name}.yaml {_dotted(path)}"
+
+
+@DOC_FUZZ
+@given(leaf=st.sampled_from(DOC_LEAVES), replacement=ODD_VALUES, other=st.data())
+def test_a_value_of_another_type_in_an_image_or_config_never_crashes(
+        doc_tree: Path, leaf: tuple[tuple[str, str], tuple[Any, ...], Any], replacement: Any,
+        other: st.DataObject) -> None:
+    (kind, name), path, _ = leaf
+    doc = copy.deepcopy(DOCS[kind, name])
+    _set(doc, path, replacement)
+    partner = other.draw(st.sampled_from(CONFIG_NAMES if kind == "images" else IMAGE_NAMES))
+    validate_doc(doc_tree, kind, name, doc, partner)  # any exception but exit 2 fails
+
+
+SET_VALUES = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(['"a\\nb"', '"\\x1b[2J"', "'x'", "[a, \"\\u2028\"]", '{a: "\\x07"}', "[1, [2]]", "null",
+                     "{replace: [a]}", "&a [*a]", "9" * 40, "!!python/object:os.system x", "[", "=", "+=",
+                     "{{ 7 * 7 }}", "a; touch /tmp/x", "--", "\\", "0x1f", "1e999"]))
+
+
+def _has_control(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_control(k) or _has_control(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_control(v) for v in value)
+    return isinstance(value, str) and any(c in value for c in CONTROL + LINE_BREAKS + ["\x1f", "\u2029"])
+
+
+@DOC_FUZZ
+@given(target=st.one_of(st.sampled_from(SET_TARGETS), st.text(max_size=20)), append=st.booleans(),
+       value=SET_VALUES)
+def test_any_set_string_gives_a_plan_or_exit_2(real_tree: Tree, target: str, append: bool, value: str) -> None:
+    """`--set TARGET=VALUE` (or +=): a plan or a usage/definition error, never another exception; and
+    a value holding a control character, as written or once its YAML quoting is decoded, is refused."""
+    from builder.compose.params import parse_sets
+
+    item = f"{target}{'+' if append else ''}={value}"
+    try:
+        decoded = yaml.safe_load(value)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+        decoded = value
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(ALARM_SECONDS)
+    try:
+        compose(real_tree, "gpu-node", "default", parse_sets([item]))
+    except NodeforgeError:
+        return
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not _has_control(value) and not _has_control(decoded), f"accepted --set {item!r}"

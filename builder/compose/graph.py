@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks.registry import check
-from ..definitions.load import Image, Layer, Tree
+from ..definitions.load import Config, Image, Layer, Tree
 from ..errors import Collector
 
 LAYER_KNOWN = check("layer/known", "compose", "an image lists layers that exist under layers/", "fix the name")
@@ -30,23 +30,29 @@ class Resolved:
     order: tuple[str, ...]
 
 
+Where = tuple[str, int | None, str]  # file, line, key path
+
+
 def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector,
-            extra: tuple[str, ...] = ()) -> Resolved:
-    """`extra`: layers a config adds after the image's own (skipped when already present)."""
+            extra: tuple[str, ...] = (), config: Config | None = None) -> Resolved:
+    """`extra`: layers a config adds after the image's own (skipped when already present); a
+    problem with one of them is reported at the config's line that adds it."""
     listed = [name for name, _, _ in image.layer_refs]
-    lines = {name: line for name, _, line in image.layer_refs}
-    listed += [name for name in extra if name not in listed and name not in inherited]
+    where: dict[str, Where] = {name: (image.file, line, f"layers.{name}") for name, _, line in image.layer_refs}
+    for name in extra:
+        if name not in listed and name not in inherited:
+            listed.append(name)
+            where[name] = _config_where(config, image, name)
     for name in listed:
         if name not in tree.layers:
-            out.add(image.file, lines.get(name), f"layers.{name}", f"no layer named {name!r}",
-                    "layers: " + ", ".join(sorted(tree.layers)), LAYER_KNOWN.name)
+            out.add(*where[name], f"no layer named {name!r}", "layers: " + ", ".join(sorted(tree.layers)),
+                    LAYER_KNOWN.name)
         elif name in inherited:
-            out.add(image.file, lines.get(name), f"layers.{name}",
-                    f"layer {name!r} is already in the parent image", "remove it from this image", LAYER_ONCE.name)
+            out.add(*where[name], f"layer {name!r} is already in the parent image", "remove it from this image",
+                    LAYER_ONCE.name)
     if len(set(listed)) != len(listed):
         dup = next(n for n in listed if listed.count(n) > 1)
-        out.add(image.file, lines.get(dup), f"layers.{dup}", f"layer {dup!r} is listed twice", "list it once",
-                LAYER_ONCE.name)
+        out.add(*where[dup], f"layer {dup!r} is listed twice", "list it once", LAYER_ONCE.name)
     if out.problems:
         return Resolved(())
 
@@ -71,9 +77,12 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
     for name in chosen:
         layer = tree.layers[name]
         if kind not in layer.data["applies-to"]:
-            out.add(image.file, lines.get(name, image.line("layers")), f"layers.{name}",
-                    f"layer {name!r} applies to {', '.join(layer.data['applies-to'])}, not a {kind} image",
-                    "remove it from this image or extend its applies-to", APPLIES_TO.name)
+            file, line, key = where.get(name, (image.file, image.line("layers"), f"layers.{name}"))
+            out.add(file, line, key,
+                    f"layer {name!r} applies to {', '.join(layer.data['applies-to'])}, not a {kind} image"
+                    + (f" ({image.name})" if file != image.file else ""),
+                    f"remove it from {'this config' if file != image.file else 'this image'} or extend its "
+                    "applies-to", APPLIES_TO.name)
         for req in layer.data["requires"]:
             if req not in provided:
                 providers = sorted(n for n, la in tree.layers.items() if req in la.data["provides"])
@@ -88,6 +97,16 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
     if out.problems:
         return Resolved(())
     return Resolved(tuple(_toposort(tree, chosen, present, out)))
+
+
+def _config_where(config: Config | None, image: Image, name: str) -> Where:
+    kind = image.data["kind"]
+    if config is None:
+        return image.file, image.line("layers"), f"layers.{name}"
+    names = config.data["layers"][kind]
+    i = names.index(name) if name in names else None
+    return config.file, config.line("layers", kind, i) if i is not None else config.line("layers"), \
+        f"layers.{kind}[{i}]"
 
 
 def _toposort(tree: Tree, chosen: list[str], present: set[str], out: Collector) -> list[str]:

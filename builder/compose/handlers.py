@@ -15,8 +15,9 @@ from ..debian import PKG_PATTERN
 from ..definitions import grammar as g
 from ..definitions.guard import guarded
 from ..plan import Value
+from .render import destination, file_destination, template_head
 from .scope import LayerScope
-from .tests import is_false
+from .tests import RENDERED_VALUE, is_false, one_line
 
 WHEEL_TOOL = "unzip"  # installed for the wheels of a layer and removed in the same step
 
@@ -34,9 +35,6 @@ PACKAGE_NAME = check("package/name", "compose", "packages.apt and packages.hold 
                      "give the name only; versions come from the lock file")
 
 
-RENDERED_VALUE = check("rendered/grammar", "compose", "a value a template renders (a file path, a module name, a "
-                       "module option) fits the grammar of where it is written", "change the parameter so that the "
-                       "rendered value fits, e.g. an absolute path without '..', a module name of [a-z0-9_-]")
 SERVICE_UNIT = check("service/unit", "compose", "a rendered services.enable or services.disable item is a systemd "
                      "unit name with its suffix", "render a name such as chrony.service, or empty to drop the item")
 
@@ -76,22 +74,30 @@ def read_files(s: LayerScope) -> None:
             continue
         path = g.PATH.normalise(path)
         owner = {"mode": f["mode"], "owner": f["owner"], "group": f["group"], "phase": f.get("phase")}
-        if f.get("content") is not None:
-            text = s.text(f["content"], f"files[{i}].content", "files", i) if f.get("template", True) is not False \
-                else f["content"]
-            if text is not None:
-                s.add_file(path, text, origin, line, **owner)
-            continue
-        src, template = f["source"], f.get("template")
-        if template is None:
-            template = src.endswith(".j2")
-        if template:
-            text = s.file_template(src, f"files[{i}].source", "files", i)
-            if text is not None:
-                s.add_file(path, text, origin, line, **owner)
-        else:
-            static = s.layer.dir / "files" / src
-            s.add_file(path, static.read_bytes(), origin, line, static=static, **owner)
+        head = f["content"] if f.get("content") is not None else template_head(s.env, f["source"])
+        with destination(file_destination(path, head)):
+            _read_file(s, f, i, path, origin, line, owner)
+
+
+def _read_file(s: LayerScope, f: dict[str, Any], i: int, path: str, origin: str, line: int | None,
+               owner: dict[str, Any]) -> None:
+    """One file: its content rendered (or taken as it is) for the destination the caller chose."""
+    if f.get("content") is not None:
+        text = s.text(f["content"], f"files[{i}].content", "files", i) if f.get("template", True) is not False \
+            else f["content"]
+        if text is not None:
+            s.add_file(path, text, origin, line, **owner)
+        return
+    src, template = f["source"], f.get("template")
+    if template is None:
+        template = src.endswith(".j2")
+    if template:
+        text = s.file_template(src, f"files[{i}].source", "files", i)
+        if text is not None:
+            s.add_file(path, text, origin, line, **owner)
+    else:
+        static = s.layer.dir / "files" / src
+        s.add_file(path, static.read_bytes(), origin, line, static=static, **owner)
 
 
 def read_repos(s: LayerScope) -> None:
@@ -247,7 +253,7 @@ def read_env(s: LayerScope) -> None:
     for key, raw in s.data["env"].items():
         line = s.line("env", key)
         value = s.text(str(raw), f"env.{key}", "env", key)
-        if value is None:
+        if value is None or not one_line(s.out, s.layer.file, line, f"env.{key}", value):
             continue
         s.merged.scalar("env", key, Value(value, s.source("env", key)), s.layer.file, line)
         items.append((key, value))
@@ -257,7 +263,7 @@ def read_env(s: LayerScope) -> None:
 def read_labels(s: LayerScope) -> None:
     for key, raw in s.data["labels"].items():
         value = s.text(str(raw), f"labels.{key}", "labels", key)
-        if value is not None:
+        if value is not None and one_line(s.out, s.layer.file, s.line("labels", key), f"labels.{key}", value):
             s.merged.scalar("labels", key, Value(value, s.source("labels", key)), s.layer.file, s.line("labels", key))
 
 
@@ -299,4 +305,7 @@ def read_holds(s: LayerScope) -> None:
 
 def read_entrypoint(s: LayerScope) -> None:
     raw = s.data.get("entrypoint")
-    s.carry["entrypoint"] = s.render(raw, "entrypoint") if raw is not None else None
+    rendered = s.render(raw, "entrypoint") if raw is not None else None
+    for i, arg in enumerate(rendered or []):
+        one_line(s.out, s.layer.file, s.line("entrypoint", i), f"entrypoint[{i}]", str(arg))
+    s.carry["entrypoint"] = rendered

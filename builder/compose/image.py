@@ -15,11 +15,11 @@ from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
 from . import contributions, phases
 from .apply import apply_script, install_lines
 from .graph import resolve
-from .params import Setting, format_sets, resolve_params
+from .params import Setting, check_sets_used, format_sets, resolve_params
 from .prebuild import check_prebuild
 from .render import environment, render_string, render_tree
 from .scope import LayerScope, Merged
-from .tests import derived_boot_tests, is_false, make_test
+from .tests import RENDERED_VALUE, TEXT_REMEDY, derived_boot_tests, is_false, make_test, one_line, text_problem
 
 EPOCH_CHECK = check("image/source-date-epoch", "compose",
                     "an image bootstrapped from Debian needs a fixed source-date-epoch (bit-identical bases)",
@@ -78,6 +78,12 @@ def check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector) -> None:
             continue
         message = render_string(env, a["message"], ctx, out, layer.file, line, f"asserts[{i}].message")
         remedy = render_string(env, a["remedy"], ctx, out, layer.file, line, f"asserts[{i}].remedy")
+        for key, text in (("message", message), ("remedy", remedy)):
+            why = text_problem((text or "").strip())  # printed as one line of an error, on a terminal
+            if why:
+                RENDERED_VALUE.report(out, layer.file, layer.line("asserts", i, key), f"asserts[{i}].{key}", why,
+                                     TEXT_REMEDY)
+                message = remedy = None
         out.add(layer.file, line, f"asserts.{a['name']}", message or a["name"], remedy or "", f"assert/{a['name']}")
 
 
@@ -112,10 +118,12 @@ def _image_level(tree: Tree, image: Image, ictx: dict[str, Any], merged: Merged,
     env = environment(tree.root / "images")
     source = f"image {image.name} ({image.file})"
     for k, v in render_tree(env, image.data["env"], ictx, out, image.file, image.line("env"), "env").items():
-        merged.scalar("env", k, Value(str(v), source), image.file, image.line("env", k))
+        if v is not None and one_line(out, image.file, image.line("env", k), f"env.{k}", str(v)):
+            merged.scalar("env", k, Value(str(v), source), image.file, image.line("env", k))
     for k, v in render_tree(env, image.data["labels"], ictx, out, image.file, image.line("labels"),
                             "labels").items():
-        merged.table("labels")[k] = Value(str(v), f"image {image.name}")
+        if v is not None and one_line(out, image.file, image.line("labels", k), f"labels.{k}", str(v)):
+            merged.table("labels")[k] = Value(str(v), f"image {image.name}")
     tests = []
     for i, t in enumerate(render_tree(env, image.data["tests"], ictx, out, image.file, image.line("tests"),
                                       "tests")):
@@ -133,7 +141,7 @@ def _layers(tree: Tree, image: Image, config: Config | None, parent: BuildPlan |
             sets: list[tuple[str, str, Any]]) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, dict[str, Setting]]]:
     inherited = parent.inherited_layers + tuple(s.layer for s in parent.steps) if parent else ()
     extra = tuple(config.data["layers"][image.data["kind"]]) if config else ()
-    order = resolve(tree, image, inherited, out, extra).order
+    order = resolve(tree, image, inherited, out, extra, config).order
     out.raise_if_any()
     settings = resolve_params(tree, order, image, config, sets, out)
     out.raise_if_any()
@@ -147,12 +155,38 @@ def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
     config and sets (validate composes every image, and every image composes its parents)."""
     image = tree.image(image_ref)
     key = (image.name, config_ref, repr(sets or []))
-    if memo is not None and key in memo:
-        return memo[key]
-    plan = _compose(tree, image, config_ref, sets, _stack, memo)
-    if memo is not None:
-        memo[key] = plan
+    plan = memo.get(key) if memo is not None else None
+    if plan is None:
+        plan = _compose(tree, image, config_ref, sets, _stack, memo)
+        if memo is not None:
+            memo[key] = plan
+    if not _stack and sets:  # the image asked for, not a parent composed for it (sets reach the parents too)
+        check_sets_used(sets, image.name, (*plan.inherited_layers, *(s.layer for s in plan.steps)),
+                        _descendant_layers(tree, image, config_ref))
     return plan
+
+
+def _descendant_layers(tree: Tree, image: Image, config_ref: str | None) -> set[str]:
+    """The layers (with what they require) of the images built on this one: a build composes an
+    image's parents with the --set values meant for the image itself."""
+    config = tree.config(config_ref)
+    names: set[str] = set()
+    for other in tree.images.values():
+        seen, frm = {other.name}, other.data["from"].get("image")
+        while frm and frm != image.name and frm not in seen and frm in tree.images:
+            seen.add(frm)
+            frm = tree.images[frm].data["from"].get("image")
+        if frm == image.name:
+            names |= {n for n, _, _ in other.layer_refs}
+            names |= set(config.data["layers"][other.data["kind"]]) if config else set()
+    pending = list(names)
+    while pending:
+        layer = tree.layers.get(pending.pop())
+        for req in layer.data["requires"] if layer else ():
+            if req not in names:
+                names.add(req)
+                pending.append(req)
+    return names
 
 
 def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[str, str, Any]] | None,

@@ -7,15 +7,16 @@ the command line `--set L.P=[a, b]` replaces and `--set L.P+=[c]` (or `+=c`) app
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..checks.registry import check
-from ..definitions.load import Config, Image, Tree
+from ..definitions.load import Config, Image, Param, Tree
 from ..definitions.yamlsrc import load_text
-from ..errors import Collector, DefinitionError, NodeforgeError
+from ..errors import Collector, DefinitionError, NodeforgeError, UsageError
 
 PARAM_KNOWN = check("param/known", "compose", "a parameter value names a layer of the tree and one of its parameters",
                     "fix the layer or parameter name")
@@ -51,14 +52,13 @@ def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
         if not eq or not dot or not layer or not param:
             raise NodeforgeError(f"--set {item!r}: expected LAYER.PARAM=VALUE (or LAYER.PARAM+=ITEMS for a list), "
                                  "e.g. --set sysctl.swappiness=10, --set kernel-args.extra=[quiet,nosmt]")
-        bad = _CONTROL.search(text)
-        if bad:
-            raise NodeforgeError(f"--set {key}: a value cannot hold control character U+{ord(bad.group()):04X} "
-                                 "(a newline or escape would reach the files and scripts it is written into)")
+        _no_control(key, text)
         try:
             value = _plain(load_text(text, f"--set {key}")) if text != "" else ""
         except DefinitionError:
             value = text
+        for decoded in _strings(value):  # a quoted YAML value decodes "\n" or "\x1b" after the first check
+            _no_control(key, decoded)
         if append:
             if value is None or value == "":
                 raise NodeforgeError(f"--set {item!r}: += appends items to a list, e.g. --set {key}+=[a,b]; "
@@ -69,6 +69,33 @@ def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _no_control(key: str, text: str) -> None:
+    bad = _CONTROL.search(text)
+    if bad:
+        raise UsageError(f"--set {key}: a value cannot hold control character U+{ord(bad.group()):04X} "
+                         "(a newline or escape would reach the files and scripts it is written into, and the "
+                         "terminal that shows it)")
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a parameter value (keys of a mapping too), however deeply nested."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def control_problem(value: Any) -> str:
+    """'' or what control character a parameter value (a string, or a string in a list) holds."""
+    for text in _strings(value):
+        bad = _CONTROL.search(text)
+        if bad:
+            return (f"expected a value without control characters, found U+{ord(bad.group()):04X} in {text!r} "
+                    "(a newline or escape would reach the files and scripts it is written into)")
+    return ""
 
 
 def _plain(value: Any) -> Any:
@@ -108,7 +135,36 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
                                         f"default ({layer.file}:{layer.line('params', p.name) or '?'})")
                         for p in layer.params.values()}
 
-    levels: list[tuple[str, str, Any, str, int | None, str]] = []  # layer, param, value, source, line, file
+    for lname, pname, value, source, line, file in _levels(tree, image, config, sets, out):
+        found = tree.layers.get(lname)
+        if found is None:
+            close = difflib.get_close_matches(lname, list(tree.layers), n=1)
+            out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}",
+                    (f"did you mean {close[0]}? " if close else "") + "layers: " + ", ".join(sorted(tree.layers)),
+                    PARAM_KNOWN.name)
+            continue
+        param = found.params.get(pname)
+        if param is None:
+            known = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
+            out.add(file, line, f"{lname}.{pname}", f"layer {lname!r} has no parameter {pname!r}",
+                    f"parameters of {lname}: {known}", PARAM_KNOWN.name)
+            continue
+        why = control_problem(value)
+        if why:
+            out.add(file, line, f"{lname}.{pname}", why, f"{param.doc} ({param.bounds()})", PARAM_VALUE.name)
+            continue
+        if lname in result:  # a config may carry values for layers this image does not use
+            _apply(result[lname], param, lname, value, source, line, file, out)
+    return result
+
+
+Level = tuple[str, str, Any, str, int | None, str]  # layer, param, value, source, line, file
+
+
+def _levels(tree: Tree, image: Image, config: Config | None, sets: list[tuple[str, str, Any]],
+            out: Collector) -> list[Level]:
+    """Every value set above the layer defaults, lowest precedence first: config, image, --set."""
+    levels: list[Level] = []
     if config:
         for lname, values in config.data["params"].items():
             if lname not in tree.layers:
@@ -124,46 +180,53 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
             levels.append((lname, pname, value, f"image {image.name} ({image.file}:{line})", line, image.file))
     for lname, pname, value in sets:
         levels.append((lname, pname, value, f"--set {lname}.{pname}", None, "command line"))
+    return levels
 
-    for lname, pname, value, source, line, file in levels:
-        found = tree.layers.get(lname)
-        if found is None:
-            out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}",
-                    "layers: " + ", ".join(sorted(tree.layers)), PARAM_KNOWN.name)
+
+def _apply(settings: dict[str, Setting], param: Param, lname: str, value: Any, source: str, line: int | None,
+           file: str, out: Collector) -> None:
+    """One value over the lower levels' setting of its parameter (merge rules in the module doc)."""
+    pname = param.name
+    current = settings[pname]
+    if value is None:
+        reset = [] if param.type == "list" else param.default
+        settings[pname] = Setting(lname, pname, reset, f"reset by {source}")
+        return
+    on_command_line = file == "command line"
+    is_list = param.type == "list"
+    append = is_list and not on_command_line  # YAML lists append; --set L.P=[..] replaces
+    if isinstance(value, Append):
+        if not is_list:
+            out.add(file, line, f"{lname}.{pname}", f"+= appends to a list; {lname}.{pname} is {param.bounds()}",
+                    f"--set {lname}.{pname}=VALUE", PARAM_VALUE.name)
+            return
+        value, append = list(value.items), True
+    elif is_list and isinstance(value, dict) and list(value) == [REPLACE]:
+        value, append = value[REPLACE], False
+    coerced, why = param.coerce(value)
+    if why:
+        remedy = f"{param.doc} ({param.bounds()})"
+        if is_list:
+            remedy += "; " + _list_syntax(lname, pname, on_command_line)
+        out.add(file, line, f"{lname}.{pname}", why, remedy, PARAM_VALUE.name)
+        return
+    if append:
+        coerced = [*current.value, *coerced]
+        source = f"{current.source} + {source}"
+    settings[pname] = Setting(lname, pname, coerced, source)
+
+
+def check_sets_used(sets: list[tuple[str, str, Any]], image: str, used: tuple[str, ...],
+                    for_children: set[str]) -> None:
+    """A --set for a layer the image (with its parents) does not use would be silently ignored, and
+    recorded on the image as if it had counted: an error naming the layers it does use. for_children:
+    the layers of the images built on this one (their builds compose it with their --set values)."""
+    out = Collector()
+    for lname, pname, _ in sets:
+        if lname in used or lname in for_children:
             continue
-        param = found.params.get(pname)
-        if param is None:
-            known = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
-            out.add(file, line, f"{lname}.{pname}", f"layer {lname!r} has no parameter {pname!r}",
-                    f"parameters of {lname}: {known}", PARAM_KNOWN.name)
-            continue
-        if lname not in result:
-            continue  # a config may carry values for layers this image does not use
-        current = result[lname][pname]
-        if value is None:
-            reset = [] if param.type == "list" else param.default
-            result[lname][pname] = Setting(lname, pname, reset, f"reset by {source}")
-            continue
-        on_command_line = file == "command line"
-        is_list = param.type == "list"
-        append = is_list and not on_command_line  # YAML lists append; --set L.P=[..] replaces
-        if isinstance(value, Append):
-            if not is_list:
-                out.add(file, line, f"{lname}.{pname}", f"+= appends to a list; {lname}.{pname} is {param.bounds()}",
-                        f"--set {lname}.{pname}=VALUE", PARAM_VALUE.name)
-                continue
-            value, append = list(value.items), True
-        elif is_list and isinstance(value, dict) and list(value) == [REPLACE]:
-            value, append = value[REPLACE], False
-        coerced, why = param.coerce(value)
-        if why:
-            remedy = f"{param.doc} ({param.bounds()})"
-            if is_list:
-                remedy += "; " + _list_syntax(lname, pname, on_command_line)
-            out.add(file, line, f"{lname}.{pname}", why, remedy, PARAM_VALUE.name)
-            continue
-        if append:
-            coerced = [*current.value, *coerced]
-            source = f"{current.source} + {source}"
-        result[lname][pname] = Setting(lname, pname, coerced, source)
-    return result
+        close = difflib.get_close_matches(lname, used, n=1)
+        hint = f"did you mean --set {close[0]}.{pname}? " if close else ""
+        out.add("command line", None, f"--set {lname}.{pname}", f"image {image} does not use layer {lname!r}",
+                f"{hint}layers of {image} (with its parents): {', '.join(used) or 'none'}", PARAM_KNOWN.name)
+    out.raise_if_any()

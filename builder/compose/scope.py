@@ -164,7 +164,16 @@ class LayerScope:
         """A file of the layer's build context; one path written by two layers is a conflict."""
         data = content.encode() if isinstance(content, str) else content
         sha = hashlib.sha256(data).hexdigest()
-        self.merged.scalar("files", path, Value(sha, origin), self.layer.file, line)
+        old = self.merged.table("files").get(path)
+        if old is not None and old.value == sha:  # the same bytes today; one edit later a conflict
+            first = self.merged.owners.get(("files", path)) or old.source
+            CHECKS[conflict_check("files")].report(
+                self.out, self.layer.file, line, f"files.{path}",
+                f"conflict: {old.source} and {origin} both write {path} (with the same content: one path has "
+                "one writer)", f"write {path} in one layer only: drop it from {first} or from layer {self.name}, "
+                "or move it into a layer both require")
+            return
+        self.merged.scalar("files", path, Value(sha, origin), self.layer.file, line, owner=f"layer {self.name}")
         self.files.append(ContextFile(path, _mode(mode), owner, group, sha, origin,
                                       content if isinstance(content, str) else None,
                                       str(static) if static else None, phase or file_phase(path)))

@@ -4,10 +4,12 @@ kernel argument), so that a layer does not restate what it sets."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from ..checks.registry import check
-from ..definitions.tables import ALLOWED_SCOPES, DEFAULT_SCOPE, TEST_KINDS
+from ..definitions.spec import ListOf, Scalar, Spec, Str, Struct, control_problem
+from ..definitions.tables import ALLOWED_SCOPES, DEFAULT_SCOPE, TEST, TEST_KINDS
 from ..errors import Collector
 from ..plan import Test, Value
 from .scope import Merged
@@ -18,6 +20,47 @@ SCOPE_CHECK = check("test/scope", "compose", "a test kind runs only at the scope
 FIELD_CHECK = check("test/field", "compose",
                     "a test field must be one its scope can check; none is silently ignored",
                     "drop the field or move the test to a scope that checks it")
+RENDERED_VALUE = check("rendered/grammar", "compose", "a value a template renders (a file path, a module name, a "
+                       "module option, a test's name and fields, an env or label value, an assert message) fits the "
+                       "grammar of where it is written: a Jinja string literal such as \"\\x1b\" renders a control "
+                       "character the definition's own text could not hold", "change the parameter so that the "
+                       "rendered value fits, e.g. an absolute path without '..', a module name of [a-z0-9_-], one "
+                       "line of printable text")
+TEXT_REMEDY = "render one line of printable text: no newline, escape or other control character"
+
+
+def text_problem(value: Any, multiline: bool = False) -> str:
+    """'' or why a rendered string holds a character no definition string may hold."""
+    why = control_problem(value, multiline) if isinstance(value, str) else ""
+    return f"expected {'text' if multiline else 'one line of text'}, {why}" if why else ""
+
+
+def one_line(out: Collector, file: str, line: int | None, key: str, value: str) -> bool:
+    """Whether a rendered env or label value is one line of text (a Dockerfile ENV or LABEL word
+    cannot hold a control character: refused where the value is written, not later when rendering
+    the Dockerfile, where it was a traceback)."""
+    why = text_problem(value)
+    if why:
+        RENDERED_VALUE.report(out, file, line, key, f"{why} in the rendered value {value!r}", TEXT_REMEDY)
+    return not why
+
+
+def rendered_problems(spec: Spec, value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """(key path, what is wrong) for every rendered string in value that its spec's grammar refuses:
+    the load checks a template's literal text only, so a value is checked again once rendered."""
+    if isinstance(spec, Struct) and isinstance(value, dict):
+        for name, f in spec.fields.items():
+            if value.get(name) is not None:
+                yield from rendered_problems(f.spec, value[name], f"{path}.{name}")
+    elif isinstance(spec, ListOf) and isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from rendered_problems(spec.item, item, f"{path}[{i}]")
+    elif isinstance(spec, Str | Scalar) and isinstance(value, str):
+        grammar = spec if isinstance(spec, Str) else spec.text or Str()
+        why = grammar.problem(value) if grammar.template or isinstance(spec, Scalar) \
+            else text_problem(value, grammar.multiline)
+        if why:
+            yield path, why
 
 
 def is_false(value: Any) -> bool:
@@ -36,6 +79,9 @@ def make_test(t: dict[str, Any], owner: str, file: str, line: int | None, path: 
     if scope not in ALLOWED_SCOPES[kind]:
         SCOPE_CHECK.report(out, file, line, f"{path}.scope", f"a {kind} check cannot run at scope {scope!r}",
                            f"use scope {' or '.join(sorted(ALLOWED_SCOPES[kind]))}")
+        return None
+    for where, why in rendered_problems(TEST, t, path):
+        RENDERED_VALUE.report(out, file, line, where, why)
         return None
     spec = t[kind]
     for name in sorted((unjudged or {}).get((kind, scope), frozenset())):

@@ -8,11 +8,28 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Collector, DefinitionError, Problem
+from .confine import inside_files, link_problem, outside_root
 from .spec import describe, validate
 from .tables import CONFIG, IMAGE, LAYER
 from .yamlsrc import LDict, line_of, load_file
 
 PACKAGE_PHASE = "packages"  # the name the package phase's step goes by (its script, its build state): no layer's
+
+# the names a layer's templates see besides its own parameters (compose.image builds the context,
+# compose.render adds the globals) and the names Jinja gives a meaning of its own: a parameter named
+# like one of them would be shadowed (the firmware layer's `image` rendered as the image's dict) or
+# would shadow it. A test checks this table against the context and the globals.
+_JINJA = "a name Jinja gives a meaning of its own"
+RESERVED_PARAMS: dict[str, str] = {
+    "params": "every layer's parameters (params.LAYER.NAME)",
+    "site": "the config's site facts (site.gpu, site.fabric, ...)",
+    "image": "the image being composed (image.name, image.kind, image.version)",
+    "range": "the template global range()", "namespace": "the template global namespace()",
+    "dict": "the template global dict()",
+    **{n: _JINJA for n in ("loop", "self", "caller", "varargs", "kwargs", "super")},
+    **{n: "a Jinja literal" for n in ("true", "false", "none")},
+    **{n: "a Jinja operator" for n in ("and", "or", "not", "in", "is", "if", "else")},
+}
 
 
 @dataclass(frozen=True)
@@ -25,7 +42,7 @@ class Param:
     max: int | None = None
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None
-    items: str | None = None  # a list's item type (str, int, float, bool); None: any scalar
+    items: str | None = None  # a list's item type (str, int, float, bool, path, ...); None: any scalar
 
     def coerce(self, value: Any) -> tuple[Any, str]:
         """Return (value, "") or (None, what was wrong)."""
@@ -48,6 +65,10 @@ class Param:
             if isinstance(value, bool) or not isinstance(value, str | int | float):
                 return None, f"expected a string, found {describe(value)}"
             value = str(value)
+        elif t in self._typed():
+            value, why = self._coerce_typed(value)
+            if why:
+                return None, why
         elif t == "list":
             if not isinstance(value, list):
                 return None, f"expected a list, found {describe(value)}"
@@ -59,7 +80,7 @@ class Param:
                 return None, f"expected a value <= {self.max}, found {value}"
         if self.choices is not None and value not in self.choices:
             return None, f"expected one of {', '.join(map(str, self.choices))}, found {value!r}"
-        if self.pattern and t == "str" and not re.fullmatch(self.pattern, value):
+        if self.pattern and (t == "str" or t in self._typed()) and not re.fullmatch(self.pattern, value):
             return None, f"expected a value matching {self.pattern!r}, found {value!r}"
         return value, ""
 
@@ -67,7 +88,8 @@ class Param:
         """A list of items of the item type; min, max, choices and pattern apply to each item."""
         if not isinstance(value, list):
             return None, f"expected a list of {self.items or 'scalar'} items such as [a, b], found {describe(value)}"
-        item = Param(self.name, self.items or "str", None, self.doc, self.min, self.max, self.choices, self.pattern)
+        item = Param(self.name, self.items or "str", self._ITEM, self.doc, self.min, self.max, self.choices,
+                     self.pattern)
         out = []
         for i, v in enumerate(value):
             if self.items is None:
@@ -82,6 +104,25 @@ class Param:
                 return None, f"item {i}: {why} (items: {self.items})"
             out.append(coerced)
         return out, ""
+
+    _ITEM = "<item>"  # the default of a list's item parameter: never empty, so an empty item is refused
+
+    @staticmethod
+    def _typed() -> dict[str, Any]:
+        """The string types with a grammar (path, host, address, url, url-or-file)."""
+        from .grammar import PARAM_TYPES  # here: the module's imports belong to the loader's functions
+        return PARAM_TYPES
+
+    def _coerce_typed(self, value: Any) -> tuple[Any, str]:
+        """A value of a string type with a grammar; '' only where the default is '' (not set). A path is
+        normalised."""
+        spec = self._typed()[self.type]
+        if isinstance(value, bool) or not isinstance(value, str):
+            return None, f"expected {spec.what}, found {describe(value)}"
+        if value == "" and self.default in (None, ""):  # None: the default itself is being read
+            return "", ""
+        why = spec.problem(value)
+        return (None, why) if why else (spec.normalise(value), "")
 
     def bounds(self) -> str:
         parts = [f"list[{self.items}]" if self.type == "list" and self.items else self.type]
@@ -169,6 +210,10 @@ def _rel(root: Path, path: Path) -> str:
 def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
     path = d / "layer.yaml"
     rel = _rel(root, path)
+    why = link_problem(root, d, "a layer directory") or link_problem(root, d / "files", "a directory files/")
+    if why:
+        out.add(_rel(root, d), None, "", why, "replace the link by a directory of the layer's own")
+        return None
     if not path.is_file():
         out.add(rel, None, "", "layer directory has no layer.yaml", "add one or remove the directory")
         return None
@@ -183,8 +228,21 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
                 f"/usr/lib/nodeforge/layers/{PACKAGE_PHASE}.sh and its build state go by it)",
                 "rename the layer and its directory")
         return None
+    params = _params(d.name, rel, where, data, out)
+    _check_sources(root, d, rel, where, data, out)
+    return Layer(d.name, rel, data, raw, dir=d, params=params)
+
+
+def _params(layer: str, rel: str, where: Definition, data: dict[str, Any], out: Collector) -> dict[str, Param]:
     params: dict[str, Param] = {}
     for pname, p in data.get("params", {}).items():
+        if pname in RESERVED_PARAMS:
+            out.add(rel, where.line("params", pname), f"params.{pname}",
+                    f"the parameter name {pname!r} is reserved: the layer's templates see {pname} as "
+                    f"{RESERVED_PARAMS[pname]}, so the parameter could never be read",
+                    f"rename the parameter (e.g. {layer.replace('-', '_')}_{pname}) and its uses in the "
+                    "layer's templates, images and configs")
+            continue
         choices = tuple(p["choices"]) if p.get("choices") is not None else None
         ptype, items = p["type"], p.get("items")
         if ptype.startswith("list["):  # list[str] is type: list with items: str
@@ -200,14 +258,19 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
                     f"params.{pname}.default", why)
             continue
         params[pname] = Param(pname, ptype, value, p["doc"], param.min, param.max, choices, param.pattern, items)
+    return params
+
+
+def _check_sources(root: Path, d: Path, rel: str, where: Definition, data: dict[str, Any], out: Collector) -> None:
+    """Every file a layer copies from files/ (sources, repository keys) is inside files/, and no uid 0 but root's."""
     for i, f in enumerate(data.get("files", [])):
         if f.get("source"):
-            why = _inside_files(root, d, f["source"], "a file")
+            why = inside_files(root, d, f["source"], "a file")
             if why:
                 out.add(rel, where.line("files", i, "source"), f"files[{f['path']}].source", why,
                         "add the file or fix the name; a symlink under files/ must stay inside files/")
     for i, repo in enumerate(data.get("packages", {}).get("repos", [])):
-        why = _inside_files(root, d, repo["key"], "a key file")
+        why = inside_files(root, d, repo["key"], "a key file")
         if why:
             out.add(rel, where.line("packages", "repos", i, "key"), f"packages.repos[{repo['name']}].key", why,
                     "add the repository's signing key under files/")
@@ -215,19 +278,6 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
         if u.get("uid") == 0 and u["name"] != "root":
             out.add(rel, where.line("users", i, "uid"), f"users[{i}].uid",
                     f"uid 0 is root's alone, found it for {u['name']!r}", "drop the uid or give another one")
-    return Layer(d.name, rel, data, raw, dir=d, params=params)
-
-
-def _inside_files(root: Path, layer_dir: Path, name: str, what: str) -> str:
-    """'' when files/<name> is a regular file inside files/ with every symlink resolved, else why not.
-    A symlink that leads out (to /etc/passwd, say) would copy a file of the build host into the image."""
-    files = (layer_dir / "files").resolve()
-    path = (layer_dir / "files" / name).resolve()
-    if not path.is_relative_to(files):
-        return f"expected {what} inside the layer's files/, found {name!r} leading to {str(path)!r} outside it"
-    if not path.is_file():
-        return f"expected {what} under {_rel(root, layer_dir / 'files')}/, found no {name!r}"
-    return ""
 
 
 def _layer_refs(raw_layers: Any, rel: str, out: Collector) -> list[tuple[str, dict[str, Any], int | None]]:
@@ -258,6 +308,10 @@ def _load_definition(root: Path, path: Path, spec: Any, out: Collector,
     """A definition file read and validated, its name checked against the file name (or expected:
     the name and what it is, a layer's directory); None when it has problems (they are in `out`)."""
     rel = _rel(root, path)
+    why = outside_root(root, path)
+    if why:
+        out.add(rel, None, "", why, "replace the link by the file itself")
+        return None
     try:
         raw = load_file(path, rel)
     except DefinitionError as e:
@@ -285,7 +339,10 @@ def load_tree(root: Path) -> Tree:
                                        "give --root the project's directory")])
     layers: dict[str, Layer] = {}
     layer_dir = root / "layers"
-    if layer_dir.is_dir():
+    why = link_problem(root, layer_dir, "a directory layers/")
+    if why:
+        out.add("layers", None, "", why, "replace the link by the directory")
+    elif layer_dir.is_dir():
         for d in sorted(p for p in layer_dir.iterdir() if p.is_dir()):
             layer = _load_layer(root, d, out)
             if layer:
