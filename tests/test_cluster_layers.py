@@ -146,11 +146,11 @@ def test_infiniband_limits_modules_peermem_and_ipoib(tree: Any) -> None:
 
 def test_kubelet_labels_as_gpu_feature_discovery_names_them(tree: Any) -> None:
     kubelet = files_of(plan_of(tree))["/etc/default/kubelet"]
-    assert ('\nKUBELET_EXTRA_ARGS="--node-labels=nvidia.com/gpu.count=4,nvidia.com/gpu.product=Tesla-V100-SXM2-32GB,'
-            'nvidia.com/gpu.memory=32768,nvidia.com/gpu.family=volta"\n') in kubelet
+    assert ('\nKUBELET_EXTRA_ARGS=--node-labels=nvidia.com/gpu.count=4,nvidia.com/gpu.product=Tesla-V100-SXM2-32GB,'
+            'nvidia.com/gpu.memory=32768,nvidia.com/gpu.family=volta\n') in kubelet
     extra = files_of(plan_of(tree, 'k8s-gpu.extra_labels=["example.com/rack=r12"]',
                              "k8s-gpu.extra_args=--max-pods=200"))
-    assert 'nvidia.com/gpu.family=volta,example.com/rack=r12 --max-pods=200"' in extra["/etc/default/kubelet"]
+    assert "nvidia.com/gpu.family=volta,example.com/rack=r12 --max-pods=200'" in extra["/etc/default/kubelet"]
 
 
 def test_kubelet_product_drops_what_gfd_drops(scratch_tree: Path) -> None:
@@ -322,7 +322,7 @@ def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     nodeforge/gpu-node), with the stand-in container toolkit as tests/test_gpu_node.py serves it, then
     tested with a direct boot: the JSON report."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_gpu_node import _bridge_address, build_offline_sources
+    from test_gpu_node import _bridge_address, build_offline_sources, offline_sets
 
     tree = tmp_path_factory.mktemp("v100-tree")
     for d in ("layers", "images", "configs"):
@@ -339,7 +339,7 @@ def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         base = f"http://{address}:{server.server_address[1]}"
         cli = [sys.executable, "-m", "builder.cli", "--root", str(tree)]
-        sets = ["--set", f"nvidia-container-runtime.offline_source={base}/toolkit/"]
+        sets = offline_sets(base)[:4]  # the toolkit's: a V100 node has no fabric manager
         built = subprocess.run([*cli, "build", "gpu-node", "-c", "v100-slurm", *sets],
                                capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-6000:]

@@ -14,6 +14,7 @@ tests/fixtures/container-toolkit (see its README), served over HTTP on the engin
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -388,9 +390,18 @@ def offline_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.server_close()
 
 
+def sums_digest(base: str, group: str) -> str:
+    """The sha256 of a served SHA256SUMS: an http source is pinned by the digest of its list."""
+    with urllib.request.urlopen(f"{base}/{group}/SHA256SUMS", timeout=10) as r:
+        return hashlib.sha256(r.read()).hexdigest()
+
+
 def offline_sets(base: str) -> list[str]:
+    """--set flags for the stand-in sources: the toolkit's first, then the fabric manager's."""
     return ["--set", f"nvidia-container-runtime.offline_source={base}/toolkit/",
-            "--set", f"nvidia-driver.fabricmanager_source={base}/fabricmanager/"]
+            "--set", f"nvidia-container-runtime.offline_sums_sha256={sums_digest(base, 'toolkit')}",
+            "--set", f"nvidia-driver.fabricmanager_source={base}/fabricmanager/",
+            "--set", f"nvidia-driver.fabricmanager_sums_sha256={sums_digest(base, 'fabricmanager')}"]
 
 
 @pytest.fixture(scope="session")

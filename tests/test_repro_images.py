@@ -127,8 +127,12 @@ def offline_url() -> Iterator[str]:
 def test_gpu_node_twice(build_twice: Builds, offline_url: str, docker_client: docker.DockerClient) -> None:
     """gpu-node -c dgx-h100 (the driver's DKMS build, fabric manager, the container toolkit from
     the stand-in packages): build B builds every step again, DKMS included."""
-    sets = [f"nvidia-container-runtime.offline_source={offline_url}/toolkit/",
-            f"nvidia-driver.fabricmanager_source={offline_url}/fabricmanager/"]
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_gpu_node import offline_sets
+
+    sets = offline_sets(offline_url)[1::2]  # the values of its --set flags
     a, b = build_twice("gpu-node", "dgx-h100", sets)
     assert_identical(a, b, NODE_OUTPUTS)
     tag = json.loads((b / "manifest.json").read_text())["tags"][0]

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import lockfile
 from ..plan import ContextFile
+from .render import SHELL, destination
 from .scope import LayerScope
 
 WHEELS_TMP = "/tmp/nodeforge-wheels"
@@ -89,7 +90,8 @@ def _step_lines(s: LayerScope, phase: str) -> list[str]:
     for i, step in enumerate(s.data["steps"]):
         if step.get("phase", "config") != phase:
             continue
-        run = s.text(step["run"], f"steps[{i}].run", "steps", i)
+        with destination(SHELL):  # a step is bash: every `{{ }}` value is one quoted word
+            run = s.text(step["run"], f"steps[{i}].run", "steps", i)
         if run is not None:
             lines += [f"# step: {step['name']}", "(", run.rstrip("\n"), ")"]
     return lines

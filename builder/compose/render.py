@@ -4,10 +4,17 @@ Layer definitions are untrusted input (they travel between teams), so templates 
 immutable sandbox: no attribute starting with an underscore (the way from a string to Python's
 `os` module), no method that changes a value, only the filters the layers use, `include` only of
 files inside the layer's `files/` (symlinks resolved), and bounds on the template's size, its
-output and its running time. A template that breaks a bound is a definition error like any other."""
+output and its running time. A template that breaks a bound is a definition error like any other.
+
+Escaping belongs to the destination: every `{{ }}` output is escaped for the language the text is
+written into (`destination`): a step's or a command test's `run` and a sourced file (/etc/default,
+a sh/bash script) are shell, a systemd unit is a unit, and so on (`file_destination`); other files
+are plain. The `raw` filter is the reviewed exception; `words` writes a list as several escaped
+words. Macros and `{% set %}` blocks are template text: their output is not escaped twice."""
 
 from __future__ import annotations
 
+import contextvars
 import math
 import operator
 import re
@@ -15,7 +22,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,6 +31,7 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
+from ..definitions import quoting
 from ..errors import Collector
 
 # a list item that is exactly "{{ expr }}" and evaluates to a list is spliced into the list
@@ -39,6 +48,93 @@ MAX_POWER_BITS = 4096  # the size of a number built by `**`
 FILTERS = ("default", "first", "int", "join", "length", "list", "lower", "map", "reject", "replace",
            "string", "tojson")
 GLOBALS = ("range", "namespace", "dict")
+
+# where rendered text goes, and how a `{{ }}` value is escaped there
+PLAIN, SHELL, UNIT, GRUB, IPXE = "plain", "shell", "unit", "grub", "ipxe"
+ESCAPERS: dict[str, Callable[[object], object]] = {
+    PLAIN: lambda value: value,
+    SHELL: quoting.shell,  # bash scripts, and files a shell sources (also systemd's EnvironmentFile= syntax)
+    UNIT: quoting.unit_value,
+    GRUB: quoting.grub_word,
+    IPXE: quoting.ipxe_word,
+}
+_DESTINATION: contextvars.ContextVar[str] = contextvars.ContextVar("nodeforge_destination", default=PLAIN)
+# files a shell sources, by directory; scripts are known by name (*.sh) or by their shebang
+SHELL_SOURCED = ("/etc/default/", "/etc/initramfs-tools/conf.d/", "/etc/profile.d/")
+UNIT_DIRS = ("/etc/systemd/", "/lib/systemd/", "/usr/lib/systemd/", "/run/systemd/")
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".target", ".mount", ".automount", ".swap", ".slice",
+                 ".network", ".netdev", ".link")
+_SHELL_SHEBANG = re.compile(r"#!\s*(/usr)?/bin/(env\s+)?(ba|da)?sh\b")
+# a key path of a rendered tree whose text is shell: a command test's `run`
+_SHELL_KEYS = (".command.run",)
+
+
+class Raw(str):
+    """Text that is written as it is: template text (a macro's or `{% set %}` block's output), or a value
+    passed through the `raw` filter (each use of which is reviewed: tests list them)."""
+
+
+@contextmanager
+def destination(kind: str) -> Iterator[None]:
+    """Render the templates of this block for a destination kind (PLAIN, SHELL, UNIT, GRUB, IPXE)."""
+    if kind not in ESCAPERS:
+        raise ValueError(f"unknown destination {kind!r}")
+    token = _DESTINATION.set(kind)
+    try:
+        yield
+    finally:
+        _DESTINATION.reset(token)
+
+
+def file_destination(path: str, head: str = "") -> str:
+    """The destination kind of a file written at `path` in the image whose template starts with `head`."""
+    name = path.rsplit("/", 1)[-1]
+    if _SHELL_SHEBANG.match(head) or name.endswith(".sh") or path.startswith(SHELL_SOURCED):
+        return SHELL
+    if path.startswith(UNIT_DIRS) or name.endswith(UNIT_SUFFIXES):
+        return UNIT
+    if name.endswith(".ipxe"):
+        return IPXE
+    if name == "grub.cfg" or path.startswith("/boot/grub/"):
+        return GRUB
+    return PLAIN
+
+
+def template_head(env: jinja2.Environment, name: str) -> str:
+    """The first line of a template file under files/ ('' when it cannot be read: rendering says why)."""
+    try:
+        assert env.loader is not None
+        return env.loader.get_source(env, name)[0].partition("\n")[0]
+    except Exception:  # rendering the file reports the same problem where it belongs
+        return ""
+
+
+def escape(value: object) -> object:
+    """A value as the current destination writes it (Raw as it is)."""
+    if isinstance(value, Raw):
+        return value
+    return ESCAPERS[_DESTINATION.get()](value)
+
+
+@jinja2.pass_context  # never applied at compile time: one compiled template serves every destination
+def _finalize(context: jinja2.runtime.Context, value: object) -> object:
+    return escape(value)
+
+
+def _raw(value: object) -> Raw:
+    """`{{ v | raw }}`: the value written unescaped. Reviewed: tests/test_hardening_escaping.py lists every use."""
+    return Raw(str(value))
+
+
+def _words(values: Iterable[object] | str) -> Raw:
+    """`{{ list | words }}`: each item one word escaped for the destination, separated by spaces."""
+    items = [values] if isinstance(values, str) else list(values)
+    return Raw(" ".join(str(escape(v)) for v in items))
+
+
+def _concat(parts: Iterable[str]) -> Raw:
+    """Macro and `{% set %}` block output: template text whose values are already escaped."""
+    return Raw("".join(parts))
 
 
 class TemplateBound(Exception):
@@ -106,8 +202,11 @@ def environment(files_dir: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_finalize,
     )
+    env.concat = _concat  # type: ignore[method-assign]
     env.filters = {name: env.filters[name] for name in FILTERS}
+    env.filters.update(raw=_raw, words=_words)
     env.globals = {name: env.globals[name] for name in GLOBALS}
     return env
 
@@ -184,6 +283,8 @@ def _explain(e: BaseException) -> str:
         return f"template syntax error: {e.message}"
     if isinstance(e, TemplateBound):
         return f"template refused: {e}"
+    if isinstance(e, quoting.Unquotable):
+        return f"a value cannot be written into this {_DESTINATION.get()} text: {e}"
     if isinstance(e, RecursionError):
         return "template refused: it recurses too deeply"
     return f"template failed: {e}"
@@ -221,6 +322,9 @@ def render_tree(env: jinja2.Environment, value: Any, context: dict[str, Any], ou
                 line: int | None, path: str) -> Any:
     """Render every string in a nested structure; list items that render empty are dropped."""
     if isinstance(value, str):
+        if path.endswith(_SHELL_KEYS):
+            with destination(SHELL):
+                return render_string(env, value, context, out, file, line, path)
         return render_string(env, value, context, out, file, line, path)
     if isinstance(value, list):
         items: list[Any] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .spec import Str
-from .strings import ImagePath, Mode, Regex, RelPath
+from .strings import Address, Host, ImagePath, Mode, Regex, RelPath, Url
 
 # one line of free text: summaries, test and step names, messages (no control characters)
 LINE = Str(what="a single line of text")
@@ -68,6 +68,14 @@ COMPONENT = Str(r"[A-Za-z0-9._-]+", "an apt component such as main", max_len=128
 TAG = Str(r"[a-z0-9][a-z0-9._/:-]*", "an image reference such as nodeforge/x:1", max_len=256)
 REGISTRY = Str(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", "host[:port][/path]", max_len=256)
 DIGEST = Str(r"[0-9a-f]{64}", "64 hex digits")
+HOST = Host()
+ADDRESS = Address()
+URL = Url()
+URL_OR_FILE = Url(what="an http(s) URL or a file: URL of an absolute path", file=True)
+# the parameter types that are strings with a grammar (a layer's `params.X.type`); an empty value is
+# allowed only where the parameter's default is empty (it means "not set")
+PARAM_TYPES: dict[str, Str] = {"path": PATH, "host": HOST, "address": ADDRESS, "url": URL,
+                               "url-or-file": URL_OR_FILE}
 # 0 .. 2^32-1: cpio (the initramfs), tar and ext4 all hold the time in 32 bits
 EPOCH_MAX = (1 << 32) - 1
 

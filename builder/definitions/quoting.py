@@ -9,7 +9,8 @@ anyway, so that a value the grammar allows arrives as the same text and never as
 - GRUB script (`grub.cfg`): GRUB's single quotes, in which nothing is special; `'\\''` for a quote.
 - iPXE script (`boot.ipxe`): iPXE has no quotes; a value is one word that must not hold white
   space or `${`, so it is refused rather than quoted (`ipxe_word`).
-- systemd unit values: `unit_word`, systemd's C-style double quotes with `\\\\`, `\\"`, `%%`.
+- systemd unit values: `unit_word`, systemd's C-style double quotes with `\\\\`, `\\"`, `%%`;
+  `unit_value` leaves a plain word bare (what a template's `{{ }}` in a unit file renders).
 - apt deb822 sources: one field value per line, no newline or leading space (`deb822_value`).
 - sysctl.d and modprobe.d lines: the value ends at the end of the line (`config_line_value`)."""
 
@@ -96,6 +97,18 @@ def unit_word(value: object) -> str:
     text = _no_control(str(value), "a systemd unit")
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
     return f'"{escaped}"'
+
+
+_UNIT_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+
+def unit_value(value: object) -> str:
+    """One word of a systemd unit line: a plain word as it is (no `%`, `$`, quote, backslash or white
+    space), anything else `unit_word`'s double quotes; a control character is refused."""
+    text = _no_control(str(value), "a systemd unit")
+    if _UNIT_SAFE.fullmatch(text):
+        return text
+    return unit_word(text)
 
 
 def deb822_value(value: object) -> str:

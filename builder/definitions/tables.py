@@ -122,16 +122,21 @@ TEST = Struct({
 }, "a test", one_of=tuple(TEST_KINDS))
 
 PARAM = Struct({
-    "type": Field(Enum(("int", "str", "bool", "float", "list", "list[str]", "list[int]", "list[float]",
-                        "list[bool]")), "value type; list[T] is a list whose items have type T", required=True),
-    "items": Field(Enum(("str", "int", "float", "bool")), "item type of a list (type: list); a list without "
-                   "it holds any scalars", default=None),
+    "type": Field(Enum(("int", "str", "bool", "float", *g.PARAM_TYPES, "list", "list[str]", "list[int]",
+                        "list[float]", "list[bool]", *(f"list[{t}]" for t in g.PARAM_TYPES))),
+                  "value type; list[T] is a list whose items have type T. path (absolute, inside the image), host, "
+                  "address (IPv4, [IPv6]), url (http, https; no user:password@) and url-or-file (also file:/...) "
+                  "are strings with a grammar; an empty value is allowed only where the default is empty",
+                  required=True),
+    "items": Field(Enum(("str", "int", "float", "bool", *g.PARAM_TYPES)), "item type of a list (type: list); "
+                   "a list without it holds any scalars", default=None),
     "default": Field(AnyValue(), "default value", required=True),
     "doc": Field(g.TEXT, "what the parameter does", required=True),
     "min": Field(Int(), "smallest allowed value (int, float; each item of a list)", default=None),
     "max": Field(Int(), "largest allowed value (int, float; each item of a list)", default=None),
     "choices": Field(ListOf(Scalar()), "allowed values (each item of a list)", default=None),
-    "pattern": Field(g.REGEX, "regular expression a str value (or each str item) must match", default=None),
+    "pattern": Field(g.REGEX, "regular expression a string value (or each string item) must match, after its "
+                     "type's grammar", default=None),
 })
 
 FILE = Struct({
