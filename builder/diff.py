@@ -20,6 +20,7 @@ from .engine import client as engine
 from .engine.client import SESSION_LABEL
 from .engine.recorded import recorded
 from .errors import EnvironmentProblem, UsageError
+from .escaping import for_markdown_text, for_terminal
 from .manifest import compare
 from .manifest import document as manifest
 
@@ -92,19 +93,22 @@ class _Reader:
 
 
 def _map_diff(title: str, a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """What the image holds (paths, values) is shown escaped: one printable line each."""
+    t = for_terminal
     lines = []
     for k in sorted(set(a) | set(b)):
         if k not in b:
-            lines.append(f"  - {k} {a[k]}")
+            lines.append(f"  - {t(k)} {t(a[k])}")
         elif k not in a:
-            lines.append(f"  + {k} {b[k]}")
+            lines.append(f"  + {t(k)} {t(b[k])}")
         elif a[k] != b[k]:
-            lines.append(f"  ~ {k} {a[k]} -> {b[k]}")
+            lines.append(f"  ~ {t(k)} {t(a[k])} -> {t(b[k])}")
     return [f"{title}:", *lines] if lines else []
 
 
 def _set_diff(title: str, a: list[str] | set[str], b: list[str] | set[str]) -> list[str]:
-    lines = [f"  - {x}" for x in sorted(set(a) - set(b))] + [f"  + {x}" for x in sorted(set(b) - set(a))]
+    lines = [f"  - {for_terminal(x)}" for x in sorted(set(a) - set(b))]
+    lines += [f"  + {for_terminal(x)}" for x in sorted(set(b) - set(a))]
     return [f"{title}:", *lines] if lines else []
 
 
@@ -118,7 +122,7 @@ def _built_from(labels: dict[str, str]) -> str:
 
 
 def _header(ref: str, snap: Snapshot) -> str:
-    return f"{ref} ({snap.id[7:19]}{_built_from(snap.labels)})"
+    return for_terminal(f"{ref} ({snap.id[7:19]}{_built_from(snap.labels)})")
 
 
 def diff(c: docker.DockerClient, ref_a: str, ref_b: str, all_files: bool = False) -> list[str]:
@@ -169,7 +173,8 @@ def diff_markdown(c: docker.DockerClient, ref_a: str, ref_b: str,
                                   {k: _short_file(v) for k, v in b.files.items() if keep(k)}))
     facts = [("image", ref_a, ref_b), ("engine id", a.id[7:19], b.id[7:19]),
              ("built from", _built_from(a.labels).lstrip("; "), _built_from(b.labels).lstrip("; "))]
-    return compare.markdown(f"Rollout review: {ref_a} → {ref_b}", facts, sections), compare.changed(sections)
+    title = f"Rollout review: {for_markdown_text(ref_a)} → {for_markdown_text(ref_b)}"
+    return compare.markdown(title, facts, sections), compare.changed(sections)
 
 
 def is_manifest(arg: str) -> bool:
@@ -178,17 +183,7 @@ def is_manifest(arg: str) -> bool:
 
 def diff_manifests(path_a: str, path_b: str, fmt: str = "text") -> tuple[list[str], bool]:
     """Two rollout manifests compared without the engine; (lines, whether anything changed)."""
-    docs = []
-    for path in (path_a, path_b):
-        try:
-            docs.append(manifest.load(Path(path)))
-        except OSError as e:
-            raise UsageError(f"cannot read the manifest {path}: {e.strerror}; give the manifest.json a build "
-                             "wrote (build/images/<image>/manifest.json)") from None
-        except ValueError as e:
-            raise UsageError(f"{path}: {e}; give the manifest.json a build wrote "
-                             "(build/images/<image>/manifest.json)") from None
-    a, b = docs
+    a, b = (manifest.load(Path(path)) for path in (path_a, path_b))  # a UsageError names file and key
     sections = compare.compare(a, b)
     if fmt == "markdown":
         return compare.markdown_for(path_a, path_b, a, b), compare.changed(sections)

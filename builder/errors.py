@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .escaping import for_terminal
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -17,12 +19,15 @@ class Problem:
     lint: str = ""
 
     def render(self) -> str:
-        where = self.file + (f":{self.line}" if self.line else "")
-        key = f" {self.path}:" if self.path else ""
-        tag = f" [{self.lint}]" if self.lint else ""
-        text = f"{where}:{key} {self.message}{tag}"
+        """Two lines at most (the problem, then its fix), each printable: a value quoted into the
+        message (a file name, a key, what was found) cannot move the cursor or start a line."""
+        t = for_terminal
+        where = t(self.file) + (f":{self.line}" if self.line else "")
+        key = f" {t(self.path)}:" if self.path else ""
+        tag = f" [{t(self.lint)}]" if self.lint else ""
+        text = f"{where}:{key} {t(self.message)}{tag}"
         if self.remedy:
-            text += f"\n    fix: {self.remedy}"
+            text += f"\n    fix: {t(self.remedy)}"
         return text
 
 
@@ -36,9 +41,10 @@ class NodeforgeError(Exception):
         self.problems = problems or []
 
     def render(self) -> str:
+        message = "\n".join(for_terminal(line) for line in str(self).split("\n"))
         if not self.problems:
-            return f"error: {self}"
-        head = f"error: {self}" if str(self) else "error:"
+            return f"error: {message}"
+        head = f"error: {message}" if message else "error:"
         return "\n".join([head, *(p.render() for p in self.problems)])
 
 

@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .escaping import for_terminal
+
 
 class Progress:
     """say(): the plain lines (all a CI log gets). stage() and output(): the live status, shown only
@@ -31,8 +33,11 @@ class Progress:
         self._started = time.monotonic()
 
     def say(self, image: str, message: str) -> None:
+        """One printable line (builder.escaping): a name or message cannot reach the terminal as
+        a control sequence or start a line of its own."""
         if self.quiet:
             return
+        image, message = for_terminal(image), for_terminal(message)
         with self.lock:
             if self._live is not None:
                 self.console.print(Text(f"[{image}] {message}"))
@@ -44,7 +49,7 @@ class Progress:
         if not self.live_wanted:
             return
         with self.lock:
-            self._status[image] = [what, "", time.monotonic()]
+            self._status[image] = [for_terminal(what), "", time.monotonic()]
             if self._live is None:
                 self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=4,
                                   transient=True)
@@ -52,7 +57,7 @@ class Progress:
 
     def output(self, image: str, line: str) -> None:
         """The last line the package manager or a step printed."""
-        line = line.strip()
+        line = for_terminal(line.strip())
         if self.live_wanted and line and image in self._status:
             self._status[image][1] = line
 
@@ -76,7 +81,7 @@ class Progress:
         table = Table.grid(padding=(0, 1))
         now = time.monotonic()
         for image, (what, line, started) in list(self._status.items()):
-            table.add_row(Text(f"[{image}]", style="bold"), Text(what, style="cyan"),
+            table.add_row(Text(f"[{for_terminal(image)}]", style="bold"), Text(what, style="cyan"),
                           Text(f"{now - started:5.0f}s", style="dim"))
             if line:
                 table.add_row("", Text(line[:160], style="dim", overflow="ellipsis", no_wrap=True), "")

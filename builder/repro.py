@@ -44,14 +44,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def cmd_export_oci(args: argparse.Namespace) -> int:
     from .engine import client as engine
     from .engine.recorded import built_plan, image_labels
+    from .escaping import for_terminal
     from .export import oci
 
     tree, sets = _tree_and_sets(args)
     c = engine.client()
     plan, _, _ = built_plan(tree, _image_name(tree, args.image), args.config, sets, "export oci",
                             lambda ref: image_labels(c, ref))
-    digest = oci.export(c, plan.tags[0], plan.base.epoch, Path(args.dir))
-    print(f"{plan.tags[0]} {digest} -> {args.dir}")
+    digest = oci.export(c, plan.tags[0], plan.base.epoch, Path(args.dir), project=tree.root)
+    print(for_terminal(f"{plan.tags[0]} {digest} -> {args.dir}"))
     return 0
 
 

@@ -35,6 +35,7 @@ RANKS: list[set[str]] = [
     {"plan", "debian", "progress", "resources"},
     {"paths"},
     {"errors"},
+    {"escaping"},
 ]
 
 

@@ -46,7 +46,7 @@ def exported(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPa
     (root / "images").mkdir()
     (root / "images" / "small-node.yaml").write_text(SMALL_NODE)
     tree = load_tree(root)
-    path = export(tree, "small-node", "default", [], root / "packer")
+    path = export(tree, "small-node", "default", [], root / "build" / "packer")
     return root, path
 
 

@@ -1,9 +1,12 @@
-"""Human-readable plan, with provenance (`nodeforge plan IMAGE --explain`)."""
+"""Human-readable plan, with provenance (`nodeforge plan IMAGE --explain`). Every line is shown
+printable (builder.escaping): a value cannot start a new line or reach the terminal as a control
+sequence."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..escaping import for_terminal
 from ..plan import BuildPlan, Value
 from .contributions import KINDS
 
@@ -44,4 +47,4 @@ def explain(plan: BuildPlan, provenance: bool = False) -> str:
         if lines:
             out.append(f"  {title}:")
             out.extend(f"    {line}" for line in lines)
-    return "\n".join(out)
+    return "\n".join(for_terminal(line) for line in out)  # each a printable line, whatever a value holds

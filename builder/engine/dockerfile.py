@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 from ..compose.phases import INSTALL_LAYER, engine_steps, standalone_install
+from ..definitions import destination
 from ..definitions.quoting import dockerfile_comment, dockerfile_json, dockerfile_word
-from ..errors import NodeforgeError, UsageError
+from ..errors import NodeforgeError
 from ..plan import BuildPlan, ContextFile, LayerStep
 
 # written into every directory `nodeforge render` makes; only such a directory is ever replaced
@@ -84,24 +85,11 @@ def step_dockerfile(step: LayerStep, parent_ref: str, epoch: int | None = None) 
     return f"FROM {parent_ref}\n" + fragment(step, ".", epoch)
 
 
-def _check_destination(dest: Path, project: Path) -> None:
-    """A render never destroys input: the project tree, a directory above it, or an existing path
-    that `render` did not make are refused."""
-    real, project = dest.resolve(), project.resolve()
-    if real == project or project.is_relative_to(real):
-        raise UsageError(f"render: {dest} is the project tree or holds it; give a new directory")
-    if real.is_relative_to(project) and not real.is_relative_to(project / "build"):
-        raise UsageError(f"render: {dest} is inside the project tree; give a directory outside it or under build/")
-    if dest.is_symlink() or (dest.exists() and not (dest.is_dir() and (dest / RENDER_MARKER).is_file())):
-        raise UsageError(f"render: {dest} exists and was not made by `nodeforge render`; it is left as it is: "
-                         "give a new directory or remove it yourself")
-
-
 def render(plan: BuildPlan, dest: Path, base_hint: str, bootstrap: str, labels: dict[str, str],
            project: Path | None = None) -> None:
     """Write a whole build context a person can read and build elsewhere: into a temporary
     directory beside dest, renamed into place once complete (a failure leaves nothing)."""
-    _check_destination(dest, project or Path.cwd())
+    destination.check(dest, project or Path.cwd(), "render")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.render-", dir=dest.parent))
     old = None

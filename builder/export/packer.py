@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import resources
+from ..definitions import destination
 from ..definitions.load import Image, Tree
 from ..engine.dockerfile import APPLY_DIR, write_context
 from ..errors import BuildFailed, EnvironmentProblem, UsageError
@@ -24,6 +25,11 @@ from ..node import assemble
 from ..plan import BuildPlan, LayerStep
 from ..progress import Progress
 
+COMMAND = "export packer"
+KEY = "packer_ed25519"
+# what the export writes into its directory (and replaces); anything else there (Packer's output
+# directory, its logs) is carried into a new export, never deleted
+OWNED = frozenset({"base", "layers", "template.json", KEY, f"{KEY}.pub"})
 ACCESS_LAYER = "packer-access"
 BOOT_LAYER = "kernel"
 UPLOAD = "/tmp/nodeforge"
@@ -60,12 +66,18 @@ def base_image(tree: Tree, image: Image, public_key: str) -> str:
     return name
 
 
-def _keypair(dest: Path) -> str:
-    key = dest / "packer_ed25519"
-    if not key.exists():
+def _keypair(dest: Path, previous: Path) -> str:
+    """Packer's SSH key in dest: the previous export's (the base disk's step key holds the public
+    key: the same key keeps it cached), else a new one."""
+    key = dest / KEY
+    old = [previous / KEY, previous / f"{KEY}.pub"]
+    if (previous / destination.marker_name(COMMAND)).is_file() and all(p.is_file() and not p.is_symlink() for p in old):
+        for p in old:
+            shutil.copy2(p, dest / p.name)
+    else:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-packer", "-f", str(key)],
                        check=True, capture_output=True)
-    return (dest / "packer_ed25519.pub").read_text().strip()
+    return (dest / f"{KEY}.pub").read_text().strip()
 
 
 def _layer_provisioners(step: LayerStep, index: int) -> list[dict[str, Any]]:
@@ -151,42 +163,50 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def export(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[str, str, Any]], dest: Path,
            progress: Progress | None = None) -> Path:
-    from ..pipeline import Builder
-
+    """Write the Packer export of a node image to dest (builder.definitions.destination: a new or
+    empty directory, or this command's export of the same image; never the project tree), through a
+    temporary directory beside it renamed into place once the template validates."""
     progress = progress or Progress()
     image = tree.image(image_ref)
     if image.data["kind"] != "node":
         raise UsageError(f"{image.name} is a container image; export packer makes node builds (kind: node)")
     if ACCESS_LAYER not in tree.layers:
         raise UsageError(f"the tree has no layers/{ACCESS_LAYER}; Packer's base disk needs it for SSH")
+    dest, subject = dest.absolute(), f"image {image.name}"
+    destination.check(dest, tree.root, COMMAND, subject)  # before the build, not only after it
     packer_path()
-    dest.mkdir(parents=True, exist_ok=True)
-    public_key = _keypair(dest)
+    with destination.replacing(dest, tree.root, COMMAND, subject, keep=lambda name: name not in OWNED) as tmp:
+        base, steps = _write(tree, image, config, sets, tmp, dest, progress)
+    path = dest / "template.json"
+    progress.say(image.name, f"packer template {path} (validated); base disk from {base}, "
+                 f"{len(steps)} layers as provisioners: {', '.join(s.layer for _, s in steps) or 'none'}")
+    return path
+
+
+def _write(tree: Tree, image: Image, config: str | None, sets: list[tuple[str, str, Any]], out: Path,
+           previous: Path, progress: Progress) -> tuple[str, list[tuple[int, LayerStep]]]:
+    """The export written into the new directory `out` (and validated there): (base image, steps)."""
+    from ..pipeline import Builder
+
+    public_key = _keypair(out, previous)
     base = base_image(tree, image, public_key)
     builder = Builder(tree, config, sets, progress)
     plan = builder.plan(image.name)
     _, applied = split_layers(image)
     result = builder.build([base])[-1]
     assert result.node is not None
-    (dest / "base").mkdir(exist_ok=True)
-    _link_or_copy(result.node.path("qcow2"), dest / "base" / "disk.qcow2")
-    layers_dir = dest / "layers"
-    if layers_dir.exists():
-        shutil.rmtree(layers_dir)
+    (out / "base").mkdir()
+    _link_or_copy(result.node.path("qcow2"), out / "base" / "disk.qcow2")
     steps = [(i, s) for i, s in enumerate(plan.steps, start=1) if s.layer in applied]
     for i, s in steps:
-        write_context(s, layers_dir / f"{i:02d}-{s.layer}", whole=True)
-    sha = result.node.sha256.get("disk.qcow2") or assemble.sha256_file(dest / "base" / "disk.qcow2")
-    path = dest / "template.json"
-    tmp = path.with_name(".template.json.tmp")
-    tmp.write_text(json.dumps(template(plan, steps, sha), indent=2) + "\n")
-    os.replace(tmp, path)
+        write_context(s, out / "layers" / f"{i:02d}-{s.layer}", whole=True)
+    sha = result.node.sha256.get("disk.qcow2") or assemble.sha256_file(out / "base" / "disk.qcow2")
+    path = out / "template.json"
+    path.write_text(json.dumps(template(plan, steps, sha), indent=2) + "\n")
     cwd = Path.cwd()
     try:
-        os.chdir(dest)
+        os.chdir(out)
         validate(path)
     finally:
         os.chdir(cwd)
-    progress.say(image.name, f"packer template {path} (validated); base disk from {base}, "
-                 f"{len(steps)} layers as provisioners: {', '.join(s.layer for _, s in steps) or 'none'}")
-    return path
+    return base, steps

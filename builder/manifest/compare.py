@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..escaping import for_markdown_cell, for_markdown_text, for_terminal
+
 # the build's identity: (manifest field, what a reader calls it)
 _IDENTITY = (("image", "image"), ("kind", "kind"), ("version", "version"), ("config", "config"),
              ("sets", "--set"), ("plan_key", "plan key"), ("image_digest", "image digest"),
@@ -145,15 +147,17 @@ def changed(sections: list[Section]) -> bool:
 
 # --- text -----------------------------------------------------------------------------------------
 def _line(c: Change) -> str:
-    note = f" ({c.note})" if c.note else ""
+    """One change as one printable line: what a manifest says is shown escaped (builder.escaping)."""
+    t = for_terminal
+    note = f" ({t(c.note)})" if c.note else ""
     if c.op == "~":
-        return f"  ~ {c.item} {c.old} -> {c.new}{note}"
+        return f"  ~ {t(c.item)} {t(c.old)} -> {t(c.new)}{note}"
     value = c.old if c.op == "-" else c.new
-    return f"  {c.op} {c.item}" + (f" {value}" if value and value != c.item else "") + note
+    return f"  {c.op} {t(c.item)}" + (f" {t(value)}" if value and value != c.item else "") + note
 
 
 def text(title_a: str, title_b: str, sections: list[Section]) -> list[str]:
-    out = [f"--- {title_a}", f"+++ {title_b}"]
+    out = [f"--- {for_terminal(title_a)}", f"+++ {for_terminal(title_b)}"]
     for s in sections:
         if s.changes:
             out += [f"{s.title}:", *(_line(c) for c in s.changes)]
@@ -172,9 +176,8 @@ _OPS = {"+": "added", "-": "removed", "~": "changed"}
 
 
 def cell(value: str) -> str:
-    """A table cell: pipes escaped, one line, code formatting where it is safe."""
-    v = " ".join(value.split()).replace("|", "\\|")
-    return f"`{v}`" if v and "`" not in v else v
+    """A table cell: one printable line in a code span, pipes escaped (builder.escaping)."""
+    return for_markdown_cell(value)
 
 
 def headline(sections: list[Section]) -> str:
@@ -216,5 +219,6 @@ def markdown_for(path_a: str, path_b: str, a: dict[str, Any], b: dict[str, Any])
     facts = [("manifest", path_a, path_b), ("image", f"{a['image']} {a['version']}", f"{b['image']} {b['version']}"),
              ("plan key", a["plan_key"][:12], b["plan_key"][:12]), ("source revision", rev(a), rev(b)),
              ("lock", lock(a), lock(b))]
-    return markdown(f"Rollout review: {a['image']} {a['version']} → {b['image']} {b['version']}", facts,
-                    compare(a, b))
+    title = (f"Rollout review: {for_markdown_text(a['image'])} {for_markdown_text(a['version'])} → "
+             f"{for_markdown_text(b['image'])} {for_markdown_text(b['version'])}")
+    return markdown(title, facts, compare(a, b))

@@ -22,11 +22,12 @@ from ..engine import sbom
 from ..engine.labels import git_source
 from ..node.assemble import NodeArtifacts
 from ..plan import BuildPlan, sha256_file
+from . import reader
 from .image_digest import Digests
 from .oci_image import scrub
 
 FORMAT = 2  # 2: the image and its base by their normalised OCI digests, no engine image id
-READABLE = (1, 2)  # what `nodeforge diff` still reads
+READABLE = reader.READABLE  # what `nodeforge diff` still reads
 NAME = "manifest.json"
 
 
@@ -196,8 +197,6 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A manifest file, checked for its format; ValueError says what is wrong."""
-    doc = json.loads(path.read_text())
-    if not isinstance(doc, dict) or doc.get("format") not in READABLE or "layers" not in doc:
-        raise ValueError(f"not a nodeforge manifest (format {', '.join(map(str, READABLE))})")
-    return doc
+    """A manifest file checked against its schema (manifest.reader); a UsageError (exit 2) names the
+    file and the key of whatever is wrong."""
+    return reader.read(path)
