@@ -74,7 +74,7 @@ class Builder:
         self.secrets = secrets or Secrets()  # --secret values, checked; the assembler signs with module_signing
         self.log_dir = log_dir or build_dir(tree.root) / "logs"
         self.mirror = mirror  # an offline build: no network, packages and bases from this checked mirror
-        self.bases: dict[str, str] = {}  # base key -> tarball in the mirror
+        self.bases: dict[str, tuple[str, str]] = {}  # base key -> (tarball in the mirror, its sha256)
         self.results: dict[str, BuildResult] = {}
         self._lock = threading.Lock()
         self._swept = False  # the containers of killed builds removed (once, at the first image)
@@ -123,7 +123,7 @@ class Builder:
             self.progress.say(order[0], f"removed {stray} (left by a build that was killed)")
         if self.mirror:  # every file checked and every image covered before anything is used
             index = mirror_check.prepare(self.tree.root, [self.plan(n) for n in order], self.mirror, self.progress)
-            self.bases = index.bases
+            self.bases = index.base_files()
         pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="nodeforge-build")
         interrupted = False
         try:
@@ -183,8 +183,11 @@ class Builder:
     def _base(self, c: docker.DockerClient, plan: BuildPlan, parent: BuildResult | None) -> tuple[str, str, str]:
         """(ref to build on, its name and digest for the labels): a bootstrapped base or the parent image."""
         if plan.base.kind == "debian":
-            tar = self.mirror / self.bases[plan.base.key] if self.mirror else None
-            base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, tar)
+            if self.mirror:
+                rel, sha256 = self.bases[plan.base.key]
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, self.mirror / rel, sha256)
+            else:
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image)
             return base_ref, base_ref, engine.inspect(c, base_ref)["Id"]
         assert parent is not None
         self.progress.say(plan.image, f"base image {parent.image:<22} {parent.tags[0]}")

@@ -186,3 +186,55 @@ def test_a_tampered_deb_fails_the_index_check(mirror: Path, tmp_path: Path, isol
     assert done.returncode == 2, done.stderr
     assert f"debs/{deb.name}: sha256 differs from the index" in done.stderr
     assert "layer 1/" not in done.stderr
+
+
+def test_a_base_outside_the_mirror_is_never_imported(mirror: Path, tmp_path: Path, isolated: dict[str, str],
+                                                     docker_client: docker.DockerClient) -> None:
+    """Issue 21 item 3: an index that names `../outside.tar` as the base (a file it does not list, so
+    no check read it) is refused before the engine is used: nothing is imported or cached under the
+    base's key."""
+    copy = tmp_path / "copy"
+    shutil.copytree(mirror, copy, copy_function=os.link)
+    index = json.loads((copy / "nodeforge-mirror.json").read_text())
+    ((key, rel),) = index["bases"].items()
+    os.link(copy / rel, tmp_path / "outside.tar")  # a real base: imported, it would build
+    index["bases"][key] = "../outside.tar"
+    (copy / "nodeforge-mirror.json").unlink()  # a hard link to the fixture's index: write a file of its own
+    (copy / "nodeforge-mirror.json").write_text(json.dumps(index))
+    done = nodeforge("build", "--offline", "--mirror", str(copy), IMAGE, env=isolated, net=False)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"bases.{key}: expected a path relative to the mirror" in done.stderr and "Traceback" not in done.stderr
+    assert "imported" not in done.stderr and "layer 1/" not in done.stderr
+    assert docker_client.images.list(name=f"nodeforge-base-{isolated['NODEFORGE_CACHE_NAMESPACE']}") == []
+
+
+def test_the_engine_imports_a_checked_base_and_caches_no_other(tmp_path: Path, docker_client: docker.DockerClient,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """import_checked against the real engine (streamed, hashed as it streams): a tarball with the
+    index's sha256 is tagged under the build's key; one that differs leaves no image behind."""
+    import io
+    import tarfile
+
+    from builder.engine import bootstrap
+    from builder.errors import UsageError
+    from builder.plan import Base
+
+    namespace = f"importcheck{os.getpid()}"
+    monkeypatch.setenv("NODEFORGE_CACHE_NAMESPACE", namespace)
+    tar = tmp_path / "base.tar"
+    with tarfile.open(tar, "w") as t:
+        info = tarfile.TarInfo("etc/nodeforge-test")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"ok\n"))
+    good, bad = hashlib.sha256(tar.read_bytes()).hexdigest(), "0" * 64
+    base = Base("debian", "f" * 64, {"suite": "bookworm", "variant": "minbase"}, None, 0)
+    before = {i.id for i in docker_client.images.list(all=True)}
+    try:
+        with pytest.raises(UsageError, match="so it was not imported"):
+            bootstrap.import_checked(docker_client, base, tar, bad)
+        assert {i.id for i in docker_client.images.list(all=True)} == before  # imported untagged, removed
+        bootstrap.import_checked(docker_client, base, tar, good)
+        image = docker_client.images.get(f"nodeforge-base-{namespace}:{'f' * 64}")
+        assert image.attrs["Config"]["Env"] == [f"PATH={bootstrap.PATH}"]
+    finally:
+        _cleanup(namespace)

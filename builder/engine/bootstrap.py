@@ -3,20 +3,27 @@ tarballs), imported into the engine and cached by key: in the engine and as a ta
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
+import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 
-from ..errors import BuildFailed, EnvironmentProblem
+from ..errors import BuildFailed, EnvironmentProblem, UsageError
 from ..paths import base_repo
 from ..plan import Base
 from ..progress import Progress, Timer
 from .client import image_exists
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CHANGES = [f"ENV PATH={PATH}", 'CMD ["/bin/bash"]']
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 # mmdebstrap copies the build host's resolv.conf and hostname in (for debootstrap's sake) and leaves
 # them: the base layer would then differ from host to host. The engine mounts its own into every
 # container; a node gets its name and resolvers from DHCP or the site.
@@ -64,9 +71,11 @@ def tarball(base: Base, progress: Progress, image: str) -> Path:
     return target
 
 
-def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, tar: Path | None = None) -> str:
+def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, tar: Path | None = None,
+           sha256: str | None = None) -> str:
     """The base in the engine: imported from its cached tarball (made first when missing) or, for an
-    offline build, from tar (a mirror's copy)."""
+    offline build, from tar (a mirror's copy), whose bytes must have `sha256` (the digest the
+    mirror's checked index gives that file): see import_checked."""
     ref = base_ref(base)
     assert base.debian is not None
     what = f"debian {base.debian['suite']} {base.debian['variant']}"
@@ -75,8 +84,69 @@ def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, t
         return ref
     status = "imported" if tar else "built"
     with Timer() as t:
-        tar = tar or tarball(base, progress, image)
-        c.api.import_image(src=str(tar), repository=base_repo(), tag=base.key,
-                           changes=[f"ENV PATH={PATH}", 'CMD ["/bin/bash"]'])
+        if tar is None:
+            c.api.import_image(src=str(tarball(base, progress, image)), repository=base_repo(), tag=base.key,
+                               changes=CHANGES)
+        else:
+            import_checked(c, base, tar, sha256)
     progress.say(image, f"base {what:<28} {status:<8} {t.seconds:6.1f}s")
     return ref
+
+
+def _open_tar(tar: Path, remedy: str) -> int:
+    """A descriptor of the regular file tar, not through a final symbolic link and never blocking
+    (a FIFO is refused, not waited on)."""
+    try:
+        fd = os.open(tar, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    except OSError as e:
+        raise UsageError(f"base tarball {tar}: cannot be opened ({e.strerror}); {remedy}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"base tarball {tar}: not a regular file; {remedy}")
+    return fd
+
+
+def _imported_id(output: str) -> str:
+    """The image id in the engine's answer to an import (a JSON message per line, the last
+    {"status": "sha256:..."}); BuildFailed for an error message or no id."""
+    found = ""
+    for line in output.splitlines():
+        try:
+            msg = json.loads(line) if line.strip() else {}
+        except ValueError:
+            continue
+        if isinstance(msg, dict) and msg.get("error"):
+            raise BuildFailed(f"the engine refused the base tarball: {msg['error']}")
+        status = msg.get("status") if isinstance(msg, dict) else None
+        if isinstance(status, str) and IMAGE_ID.fullmatch(status):
+            found = status
+    if not found:
+        raise BuildFailed(f"importing the base gave no image id: {output[-500:]!r}")
+    return found
+
+
+def import_checked(c: docker.DockerClient, base: Base, tar: Path, sha256: str | None) -> None:
+    """Import tar into the engine and tag it as base.key (the key this build computed, never one a
+    mirror names) only once the very bytes the engine read have `sha256`: the file is read once,
+    hashed as it streams, imported untagged, and removed again when the digest differs. A file
+    changed after the mirror's check, swapped for a link, or a FIFO is never cached as the base."""
+    remedy = "make the mirror again with `nodeforge mirror IMAGE... DIR` where the network is and carry it over whole"
+    if not sha256:
+        raise BuildFailed(f"base {base.key[:12]}: {tar} comes with no sha256 to check it against; an offline "
+                          "base is imported only once checked against its mirror's index")
+    h = hashlib.sha256()
+    fd = _open_tar(tar, remedy)
+    with os.fdopen(fd, "rb") as f:
+        def chunks() -> Iterator[bytes]:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+                yield chunk
+
+        image_id = _imported_id(c.api.import_image(src=chunks(), changes=CHANGES, stream_src=True))
+        whole = f.read(1) == b""
+    if not whole or h.hexdigest() != sha256:
+        c.api.remove_image(image_id, force=True)
+        got = h.hexdigest() if whole else "of a part only (the engine stopped reading)"
+        raise UsageError(f"base {base.key[:12]}: {tar} has sha256 {got}, the mirror's index says {sha256}: it "
+                         f"changed after the mirror was checked, so it was not imported; {remedy}")
+    c.api.tag(image_id, base_repo(), base.key)

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..definitions.documents import parse_json, read_bytes
+from ..errors import UsageError
 from ..paths import build_dir
 from ..plan import LayerStep
 
@@ -42,15 +44,23 @@ def reason(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     return "changed: " + "; ".join(parts) if parts else "cache entry missing"
 
 
+def _read_state(path: Path) -> dict[str, Any]:
+    """The recorded fingerprints, or {} when there are none or they are unreadable (a FIFO, a
+    directory, not JSON, not a mapping): they only explain a rebuild, the next build rewrites them."""
+    try:
+        data = parse_json(read_bytes(path, "build state", "the next build rewrites it"), path, "build state",
+                          "the next build rewrites it")
+    except UsageError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 class State:
     """build/state/<image>.json: the fingerprints of the last successful build of an image."""
 
     def __init__(self, root: Path, image: str) -> None:
         self.path = build_dir(root) / "state" / f"{image}.json"
-        try:
-            self.old: dict[str, Any] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.old = {}
+        self.old: dict[str, Any] = _read_state(self.path)
         self.new: dict[str, Any] = {}
 
     def previous(self, layer: str) -> dict[str, Any] | None:

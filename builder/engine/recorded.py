@@ -57,7 +57,7 @@ def recorded(labels: dict[str, str]) -> Recorded | None:
         return None
     try:
         sets = json.loads(labels.get(SETS_LABEL) or "[]")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: recorded as no --set
         sets = []
     if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
         sets = []

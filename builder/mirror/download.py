@@ -4,6 +4,7 @@ apt checks each file against the signed archive's index), and wheels (checked ag
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import shlex
 import ssl
@@ -90,6 +91,8 @@ def wheel(url: str, sha256: str, dest: Path) -> Path:
                 f.write(chunk)
     except OSError as e:
         tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the destination is full, not the download broken:
+            raise  # `mirror` names the destination and the space it needs
         raise BuildFailed(f"downloading {url} failed: {e}") from None
     if h.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ apt repository and the checksum index; written to DIR.tmp and renamed to DIR whe
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tarfile
@@ -16,13 +17,14 @@ from ..debian import parse_dpkg_status
 from ..definitions.load import Tree
 from ..engine import bootstrap, offline
 from ..engine import client as engine
-from ..errors import EnvironmentProblem, UsageError
+from ..errors import BuildFailed, EnvironmentProblem, UsageError
 from ..plan import BuildPlan, sha256_file
 from ..progress import Progress, Timer
 from . import download, repo
 from .index import INDEX, Index
 
 WHO = "mirror"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def closure(tree: Tree, images: list[str]) -> list[str]:
@@ -66,24 +68,54 @@ def base_packages(tar: Path) -> set[tuple[str, str]]:
     return set()
 
 
+MARK = ".nodeforge-mirror-incomplete"  # in DIR.tmp while a mirror is written: what makes it ours to remove
+
+
+def _ours(path: Path) -> bool:
+    """path is a directory a mirror run made (DIR.tmp with its mark, DIR.old with an index) or absent."""
+    if not path.exists() and not path.is_symlink():
+        return True
+    return path.is_dir() and not path.is_symlink() and ((path / MARK).is_file() or (path / INDEX).is_file())
+
+
 def _prepare(dest: Path) -> Path:
     if dest.exists() and not (dest / INDEX).is_file():
         raise UsageError(f"{dest} exists and is not a nodeforge mirror; give a new directory")
-    tmp = dest.with_name(dest.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp, old = dest.with_name(dest.name + ".tmp"), dest.with_name(dest.name + ".old")
+    for leftover in (tmp, old):
+        if not _ours(leftover):
+            raise UsageError(f"{leftover} exists and is not what an earlier `nodeforge mirror` left: move it away "
+                             f"or give another directory than {dest}")
+    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     os.chmod(tmp, 0o755)
+    (tmp / MARK).touch()
     return tmp
 
 
 def _place(tmp: Path, dest: Path) -> None:
+    (tmp / MARK).unlink()
     old = dest.with_name(dest.name + ".old")
     if dest.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(dest, old)
     os.replace(tmp, dest)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _disk_full(e: OSError, tmp: Path, dest: Path) -> BuildFailed:
+    """The message for a full disk while writing the mirror: the destination, what was written, the
+    file being copied (shutil names the source in e.filename) and the space it needed."""
+    written = sum(p.lstat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())
+    src = Path(e.filename) if isinstance(e.filename, str) else None
+    copying = src is not None and src.is_file() and tmp not in src.parents
+    need = written + (src.stat().st_size if copying and src is not None else 0)
+    free = shutil.disk_usage(tmp.parent).free
+    what = f"copying {src.name} into it, " if copying and src is not None else ""
+    return BuildFailed(f"mirror {dest}: no space left on the device of {dest.parent.resolve()} ({free / 1e6:.0f} MB "
+                       f"free) after writing {written / 1e6:.0f} MB; {what}the mirror needs more than "
+                       f"{need / 1e6:.0f} MB there. Nothing was left behind: free space in {dest.parent.resolve()} "
+                       "or give a DIR on a larger disk, and run it again")
 
 
 def mirror(tree: Tree, images: list[str], config: str | None, sets: list[Any], dest: Path,
@@ -105,6 +137,12 @@ def mirror(tree: Tree, images: list[str], config: str | None, sets: list[Any], d
                 index.add_file(tmp, rel)
             index.write(tmp)
         _place(tmp, dest)
+    except OSError as e:
+        full = _disk_full(e, tmp, dest) if e.errno in DISK_FULL else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise full from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -93,6 +93,8 @@ def _covering_mirror(tmp_path: Path, image: str, leave_out: str = "") -> Path:
     root = _mirror(tmp_path, {f"bases/{plan.base.key}.tar": b"base"})
     idx = mirror_index.read(root)
     idx.bases[plan.base.key] = f"bases/{plan.base.key}.tar"
+    idx.images[image] = {"lock_sha256": hashlib.sha256(lockfile.path_for(ROOT, image).read_bytes()).hexdigest(),
+                         "base": plan.base.key}
     for entry in lock.layers.values():
         for part in entry.values():
             for name, version in part.items():
