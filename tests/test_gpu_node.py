@@ -486,7 +486,7 @@ def test_dgx_h100_initramfs_blacklists_nouveau(dgx_node: str) -> None:
 def test_toolkit_build_fails_clearly_without_repository_or_offline_source(dgx_node: str) -> None:
     """NVIDIA's repository is unreachable here: with no offline source the layer must say so."""
     proc = nodeforge("build", "images/gpu-node.yaml", "-c", "dgx-h100",
-                     "--set", f"nvidia-driver.fabricmanager_source={dgx_node}/fabricmanager/",
+                     *offline_sets(dgx_node)[4:],  # the fabric manager's source only
                      "--set", "nvidia-container-runtime.repository=http://nvidia-repo.invalid/stable/deb/$(ARCH)")
     assert proc.returncode == 1, proc.stderr[-3000:]
     log = proc.stderr + "".join(p.read_text(errors="replace")
