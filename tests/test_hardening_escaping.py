@@ -175,6 +175,9 @@ def test_destination_follows_where_a_file_goes() -> None:
     assert fd("/srv/tftp/boot.ipxe") == render.IPXE
     assert fd("/boot/grub/grub.cfg") == render.GRUB
     assert fd("/etc/x.conf") == fd("/usr/bin/x", "#!/usr/bin/env python3") == render.PLAIN
+    # a daemon's own configuration under /etc/systemd/ is not a unit: timesyncd reads quotes literally
+    assert fd("/etc/systemd/timesyncd.conf.d/50-site.conf") == fd("/etc/systemd/system.conf.d/x.conf") \
+        == render.PLAIN
 
 
 def test_words_quotes_each_item_and_macros_are_not_escaped_twice(tmp_path: Path) -> None:

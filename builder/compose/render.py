@@ -64,6 +64,9 @@ SHELL_SOURCED = ("/etc/default/", "/etc/initramfs-tools/conf.d/", "/etc/profile.
 UNIT_DIRS = ("/etc/systemd/", "/lib/systemd/", "/usr/lib/systemd/", "/run/systemd/")
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".target", ".mount", ".automount", ".swap", ".slice",
                  ".network", ".netdev", ".link")
+# a unit's drop-in directory (foo.service.d/); other files under /etc/systemd/ (timesyncd.conf.d/,
+# system.conf.d/) are read by their daemon's own parser, which takes quotes literally: plain
+_DROP_IN_DIRS = tuple(suffix + ".d" for suffix in UNIT_SUFFIXES)
 _SHELL_SHEBANG = re.compile(r"#!\s*(/usr)?/bin/(env\s+)?(ba|da)?sh\b")
 # a key path of a rendered tree whose text is shell: a command test's `run`
 _SHELL_KEYS = (".command.run",)
@@ -91,7 +94,8 @@ def file_destination(path: str, head: str = "") -> str:
     name = path.rsplit("/", 1)[-1]
     if _SHELL_SHEBANG.match(head) or name.endswith(".sh") or path.startswith(SHELL_SOURCED):
         return SHELL
-    if path.startswith(UNIT_DIRS) or name.endswith(UNIT_SUFFIXES):
+    folder = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
+    if name.endswith(UNIT_SUFFIXES) or (path.startswith(UNIT_DIRS) and folder.endswith(_DROP_IN_DIRS)):
         return UNIT
     if name.endswith(".ipxe"):
         return IPXE
