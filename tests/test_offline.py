@@ -137,8 +137,8 @@ def test_offline_cuda_image_takes_its_wheels_from_the_mirror(cuda_mirror: Path, 
 
 
 def test_offline_wheel_must_match_the_lock(cuda_mirror: Path, isolated: dict[str, str], tmp_path: Path) -> None:
-    """A wheel swapped in the mirror, with an index that agrees, still fails: the package phase checks
-    each wheel against the lock's sha256."""
+    """A wheel swapped in the mirror, with an index that agrees, still fails: the mirror's files are
+    checked against the lock's sha256 before the build (and the package phase checks each wheel again)."""
     dest = tmp_path / "mirror"
     shutil.copytree(cuda_mirror, dest, copy_function=os.link)  # the fixture's mirror stays intact
     (wheel,) = (dest / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl")
@@ -148,12 +148,18 @@ def test_offline_wheel_must_match_the_lock(cuda_mirror: Path, isolated: dict[str
     wheel.write_bytes(bytes(data))
     index = json.loads((dest / "nodeforge-mirror.json").read_text())
     rel = str(wheel.relative_to(dest))
-    index["files"][rel]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    forged = hashlib.sha256(bytes(data)).hexdigest()
+    index["files"][rel]["sha256"] = forged
+    for versions in index["wheels"].values():  # the index agrees with the swapped file everywhere
+        for entry in versions.values():
+            if entry["file"] == rel:
+                entry["sha256"] = forged
     (dest / "nodeforge-mirror.json").unlink()  # a hard link to the fixture's index: write a file of its own
     (dest / "nodeforge-mirror.json").write_text(json.dumps(index))
     done = nodeforge("build", "--offline", "--mirror", str(dest), CUDA, env=isolated, net=False)
-    assert done.returncode != 0
-    assert "sha256sum: WARNING: 1 computed checksum did NOT match" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"has sha256 {forged}, the lock says" in done.stderr, done.stderr[-3000:]
+    assert "layer 1/" not in done.stderr  # refused before anything was built (the package step checks again)
 
 
 def _add_package(tree: Path, layer: str, package: str) -> None:
