@@ -12,6 +12,7 @@ from ..errors import Collector
 from .yamlsrc import line_of
 
 _MISSING = object()
+MISSING = _MISSING  # what a spec's check returns for a refused value (for specs defined outside this module)
 
 # no definition string may hold these: C0 and C1 controls, DEL, Unicode line and paragraph separators.
 # Single-line strings refuse tab, newline and carriage return too; multi-line ones (a description,
@@ -223,6 +224,19 @@ class AnyValue(Spec):
                 if self.check(v, ctx, value, k, sub) is _MISSING:
                     return _MISSING
         return value
+
+
+@dataclass
+class OrNull(Spec):
+    """The spec's value, or null (documents of other writers: a manifest's optional fields)."""
+
+    spec: Spec
+
+    def expected(self) -> str:
+        return f"{self.spec.expected()} or null"
+
+    def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
+        return None if value is None else self.spec.check(value, ctx, parent, key, path)
 
 
 @dataclass

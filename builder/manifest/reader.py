@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..definitions import documents
-from ..definitions.spec import _MISSING, Bool, Ctx, Field, Int, ListOf, MapOf, Spec, Str, Struct, describe
+from ..definitions.spec import MISSING, Bool, Ctx, Field, Int, ListOf, MapOf, OrNull, Spec, Str, Struct, describe
 from ..errors import UsageError
 
 READABLE = (1, 2)  # the formats `nodeforge diff` reads
@@ -32,23 +32,12 @@ class Text(Str):
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
         if not isinstance(value, str):
             ctx.error(parent, key, path, f"expected {self.what}, found {describe(value)}")
-            return _MISSING
+            return MISSING
         if len(value) > self.max_len:
             ctx.error(parent, key, path, f"expected {self.what} of at most {self.max_len} characters, "
                       f"found {len(value)}")
-            return _MISSING
+            return MISSING
         return value
-
-
-@dataclass
-class OrNull(Spec):
-    spec: Spec
-
-    def expected(self) -> str:
-        return f"{self.spec.expected()} or null"
-
-    def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
-        return None if value is None else self.spec.check(value, ctx, parent, key, path)
 
 
 def _depth(value: Any) -> int:
@@ -71,7 +60,7 @@ class AnyJson(Spec):
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
         if _depth(value) > MAX_DEPTH:
             ctx.error(parent, key, path, f"expected {self.expected()}, found one nested deeper")
-            return _MISSING
+            return MISSING
         return value
 
 

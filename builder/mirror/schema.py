@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..definitions.grammar import NAME
-from ..definitions.spec import _MISSING, Ctx, Enum, Field, Int, MapOf, Str, Struct, describe
+from ..definitions.spec import MISSING, Ctx, Enum, Field, Int, MapOf, Str, Struct, describe
 from ..errors import Problem
 
 FORMAT = 1
@@ -23,7 +23,7 @@ class JsonStr(Str):
     def check(self, value: Any, ctx: Ctx, parent: Any, key: Any, path: str) -> Any:
         if not isinstance(value, str):
             ctx.error(parent, key, path, f"expected {self.what}, found {describe(value)}")
-            return _MISSING
+            return MISSING
         return super().check(value, ctx, parent, key, path)
 
 
