@@ -487,6 +487,8 @@ def _make_tree(root: Path, entries: list[tuple[str, str, bytes]]) -> dict[str, b
         if not rel or "\0" in rel or any(p in ("", ".", "..") for p in parts) or parts[0] == mirror_index.INDEX:
             continue  # outside the mirror, or the index itself (a FIFO there has a test of its own above)
         path = root / rel
+        if os.path.lexists(path):  # a path given twice: writing "a file" into the FIFO made first would block
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if kind == "file":
