@@ -20,7 +20,8 @@ WIDTHS = (44, 12, 12, 12)
 
 def one_run(tmp: Path) -> tuple[float, int]:
     env = {"PATH": f"{FAKES}:/usr/bin:/bin", "FAKE_FIXTURE": str(SCENARIO), "FAKE_LOG": str(tmp / "calls.log"),
-           "FAKE_STATE": str(tmp / "state")}
+           "FAKE_STATE": str(tmp / "state"), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": str(ROOT / "layers" / "node-lib" / "files")}  # the node library, where the node has it
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(CHECK), "--nvidia-smi", str(FAKES / "nvidia-smi"),
                            "--scontrol", str(FAKES / "scontrol"), "--dmesg-command", str(FAKES / "dmesg"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 import shutil
 import subprocess
 import sys
@@ -18,22 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fake_tools import FAKES, Calls, fake_tools, merge, program_env
+from support.programs import load_program
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ROOT / "layers" / "gpu-health" / "files"
 SCRIPT = FILES / "gpu-health.py"
 POLICY = FILES / "xid-policy.tsv"
 EPILOG = FILES / "gpu-health-epilog"
-FAKES = ROOT / "tests" / "fakes" / "bin"
 GPU = ROOT / "tests" / "fixtures" / "gpu"
 FIXTURES = ROOT / "tests" / "fixtures"
 MEMTEST = f"{FAKES / 'dcgmi'} diag -r memory"
 
-RULES: tuple[str, ...] = runpy.run_path(str(SCRIPT))["RULES"]
+RULES: tuple[str, ...] = load_program(SCRIPT).RULES
 
 
 class Run:
-    def __init__(self, rc: int, stdout: str, calls: list[dict[str, Any]]) -> None:
+    def __init__(self, rc: int, stdout: str, calls: Calls) -> None:
         self.rc, self.stdout, self.calls = rc, stdout, calls
 
     @property
@@ -42,7 +42,7 @@ class Run:
         return doc
 
     def argv(self, tool: str) -> list[list[str]]:
-        return [c["argv"] for c in self.calls if c["tool"] == tool]
+        return self.calls.argv(tool)
 
     def updates(self) -> list[list[str]]:
         return [a for a in self.argv("scontrol") if a[:1] == ["update"]]
@@ -50,13 +50,7 @@ class Run:
 
 def scenario(tmp: Path, gpu: str, slurm: str = "idle") -> Path:
     """One fake-tool scenario from a GPU machine and a Slurm node state (their files side by side)."""
-    d = tmp / "scenario"
-    d.mkdir(parents=True)
-    for src in (GPU / gpu, FIXTURES / f"health-slurm-{slurm}"):
-        for entry in src.iterdir():
-            if not (d / entry.name).exists():
-                (d / entry.name).symlink_to(entry)
-    return d
+    return merge(tmp, GPU / gpu, FIXTURES / f"health-slurm-{slurm}")
 
 
 def check(tmp: Path, gpu: str, *args: str, slurm: str = "idle", uptime: float = 90000.0, json_out: bool = True,
@@ -65,8 +59,7 @@ def check(tmp: Path, gpu: str, *args: str, slurm: str = "idle", uptime: float = 
     proc = tmp / "proc"
     proc.mkdir(exist_ok=True)
     (proc / "uptime").write_text(f"{uptime:.2f} 1400000.00\n")
-    log = tmp / "calls.jsonl"
-    env = {**os.environ, "FAKE_FIXTURE": str(fixture), "FAKE_LOG": str(log), "FAKE_STATE": str(tmp / "state")}
+    env, calls = fake_tools(fixture, tmp)
     smi = nvidia_smi or str(FAKES / "nvidia-smi")
     argv = [sys.executable, str(SCRIPT), "--config", os.devnull, "--nvidia-smi", smi,
             "--scontrol", str(FAKES / "scontrol"), "--dmesg-command", str(FAKES / "dmesg"),
@@ -74,7 +67,6 @@ def check(tmp: Path, gpu: str, *args: str, slurm: str = "idle", uptime: float = 
             *(["--json"] if json_out else []), *args]
     proc_ = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert proc_.stderr == "", proc_.stderr
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return Run(proc_.returncode, proc_.stdout, calls)
 
 
@@ -237,7 +229,7 @@ def test_config_file_and_its_unknown_keys(tmp_path: Path) -> None:
     assert run.doc["failed_rules"] == ["gpu-count"]
     conf.write_text("[gpu-health]\nexpected-gpu = 8\n")
     bad = subprocess.run([sys.executable, str(SCRIPT), "--config", str(conf)], capture_output=True, text=True,
-                         check=False)
+                         env=program_env(), check=False)
     assert bad.returncode == 2 and "unknown option 'expected-gpu'" in bad.stderr
 
 
@@ -314,7 +306,7 @@ def test_a_hung_nvidia_smi_is_cut_off_and_drains(tmp_path: Path) -> None:
 
 
 def test_every_command_has_a_timeout_and_nothing_sleeps() -> None:
-    source = SCRIPT.read_text()
+    source = "".join(p.read_text() for p in (SCRIPT, *FILES.glob("nodeforge_gpu_health*.py")))
     assert "sleep(" not in source
     assert source.count("subprocess.run(") == 1 and "timeout=limit" in source
 
@@ -340,14 +332,13 @@ def test_epilog_runs_the_memory_test_and_fails_the_job_end(tmp_path: Path) -> No
     conf = tmp_path / "gpu-health.conf"
     conf.write_text(f"[gpu-health]\nnvidia-smi = {FAKES / 'nvidia-smi'}\ndmesg-command = {FAKES / 'dmesg'}\n"
                     f"xid-policy = {POLICY}\nmemtest-command = {MEMTEST}\nscontrol = {FAKES / 'scontrol'}\n")
-    env = {**os.environ, "FAKE_FIXTURE": str(fixture), "FAKE_LOG": str(tmp_path / "calls.jsonl"),
-           "NODEFORGE_GPU_HEALTH": f"{sys.executable} {SCRIPT}", "NODEFORGE_GPU_HEALTH_CONFIG": str(conf)}
+    env, calls = fake_tools(fixture, tmp_path, NODEFORGE_GPU_HEALTH=f"{sys.executable} {SCRIPT}",
+                            NODEFORGE_GPU_HEALTH_CONFIG=str(conf))
     run = subprocess.run([str(EPILOG)], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "memtest" in run.stdout
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    assert {c["tool"] for c in calls} >= {"dcgmi", "nvidia-smi"}
-    assert not [c for c in calls if c["tool"] == "scontrol"], "an epilog leaves draining to Slurm"
+    assert {c["tool"] for c in calls()} >= {"dcgmi", "nvidia-smi"}
+    assert not calls("scontrol"), "an epilog leaves draining to Slurm"
 
 
 def bench_healthy_8gpu(runs: int = 5) -> float:
@@ -392,7 +383,7 @@ def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def health_tree(tmp_path: Path) -> Path:
     """A tree of its own: the layers the image needs, the image, an 8-GPU NVSwitch site."""
     tree = tmp_path / "tree"
-    for layer in ("base", "gpu-health"):
+    for layer in ("base", "node-lib", "gpu-present", "gpu-health"):
         shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
     (tree / "images").mkdir()
     (tree / "images/health-scratch.yaml").write_text(SCRATCH_IMAGE)
@@ -417,7 +408,8 @@ def test_rendered_settings_drive_the_check(health_tree: Path, tmp_path: Path) ->
     healthy = check(tmp_path / "c", "h100-sxm-8gpu", "--config", str(conf), "--textfile", str(tmp_path / "tf"))
     assert healthy.rc == 0
     unit = next(out.glob("*-gpu-health/root/etc/systemd/system/nodeforge-gpu-health.service")).read_text()
-    assert "ConditionPathExists=/dev/nvidiactl" in unit and "--drain no" in unit
+    assert "ExecCondition=/bin/sh -c '/usr/lib/nodeforge/nvidia-gpu-present || exit 254'" in unit
+    assert "SuccessExitStatus=1 2" in unit and "--drain no" in unit
 
 
 def test_a_deadline_shorter_than_one_command_is_rejected(health_tree: Path) -> None:

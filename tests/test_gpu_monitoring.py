@@ -8,24 +8,22 @@ and checked with promtool from Debian's prometheus package. No engine is needed.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from support.fake_tools import fake, fake_tools
+from support.fake_tools import overlay as overlay_scenario
+from support.programs import load_program
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR = ROOT / "layers/gpu-monitoring/files/nodeforge-gpu-metrics"
-FAKES = ROOT / "tests/fakes/bin"
 GPU = ROOT / "tests/fixtures/gpu"
 SCENARIOS = ["h100-sxm-8gpu", "h200-sxm-8gpu", "a100-pcie-1gpu", "h100-sxm-8gpu-failing"]
 PROMTOOL = shutil.which("promtool")
@@ -45,10 +43,9 @@ SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>[^}]*)\} (
 
 def collect(scenario: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     out.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "FAKE_FIXTURE": str(scenario), "FAKE_LOG": str(out.parent / "calls.log"),
-           "FAKE_STATE": str(out.parent / "fake-state")}
+    env, _ = fake_tools(scenario, out.parent, base={"PATH": "/usr/bin:/bin"})
     return subprocess.run([sys.executable, str(COLLECTOR), "--output-dir", str(out), "--hostname", "node1",
-                           "--nvidia-smi", str(FAKES / "nvidia-smi"), "--journalctl", str(FAKES / "journalctl"),
+                           "--nvidia-smi", fake("nvidia-smi"), "--journalctl", fake("journalctl"),
                            *extra], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -65,29 +62,12 @@ def samples(text: str) -> dict[tuple[str, str], tuple[dict[str, str], float]]:
 
 
 def overlay(work: Path, scenario: str, tool: str, rules: list[dict[str, Any]], files: dict[str, str]) -> Path:
-    target = work / scenario
-    if not target.exists():
-        shutil.copytree(GPU / scenario, target)
-    for name, text in files.items():
-        (target / name).write_text(text)
-    (target / f"{tool}.d").mkdir(exist_ok=True)
-    (target / f"{tool}.d" / "00-test.json").write_text(json.dumps(rules))
-    return target
+    return overlay_scenario(work, GPU / scenario, tool, rules, files)
 
 
 def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     assert PROMTOOL is not None
     return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=120)
-
-
-def load_collector() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("nodeforge_gpu_metrics", str(COLLECTOR))
-    spec = importlib.util.spec_from_loader("nodeforge_gpu_metrics", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nodeforge_gpu_metrics"] = module
-    loader.exec_module(module)
-    return module
 
 
 # --- the collector on every scenario ----------------------------------------------------------
@@ -212,7 +192,7 @@ def test_an_unreadable_kernel_log_only_drops_the_xid_metric(tmp_path: Path) -> N
 
 
 def test_files_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = load_collector()
+    mod = load_program(COLLECTOR)
     out = tmp_path / "textfile"
     out.mkdir()
     old = "# HELP x old\n# TYPE x gauge\nx 1\n"
@@ -229,12 +209,12 @@ def test_files_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.Monke
         assert Path(src).read_text().endswith("\n")
         real_replace(src, dst)
 
-    monkeypatch.setattr(mod.os, "replace", watching_replace)
-    monkeypatch.setenv("FAKE_FIXTURE", str(GPU / "h100-sxm-8gpu"))
-    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "log"))
-    monkeypatch.setenv("FAKE_STATE", str(tmp_path / "state"))
-    rc = mod.main(["--output-dir", str(out), "--nvidia-smi", str(FAKES / "nvidia-smi"),
-                   "--journalctl", str(FAKES / "journalctl"), "--hostname", "node1"])
+    monkeypatch.setattr(os, "replace", watching_replace)
+    env, _ = fake_tools(GPU / "h100-sxm-8gpu", tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    rc = mod.main(["--output-dir", str(out), "--nvidia-smi", fake("nvidia-smi"),
+                   "--journalctl", fake("journalctl"), "--hostname", "node1"])
     assert rc == 0
     assert seen[0][1] == {"nodeforge_gpu.prom": old}  # the old file whole until the rename
     assert "DCGM_FI_DEV_GPU_UTIL" in (out / "nodeforge_gpu.prom").read_text()
@@ -265,7 +245,7 @@ outputs:
 def monitoring_tree(tmp_path: Path) -> Path:
     """A small tree of its own: the layers this image needs, the image, an empty config."""
     tree = tmp_path / "tree"
-    for layer in ("base", "monitoring", "gpu-monitoring"):
+    for layer in ("base", "node-lib", "gpu-present", "monitoring", "gpu-monitoring"):
         shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
     (tree / "images").mkdir()
     (tree / "images/monitoring-scratch.yaml").write_text(SCRATCH_IMAGE)
@@ -509,11 +489,12 @@ def test_dcgm_counters_file_has_dcgm_exporter_s_format_and_every_metric_the_rule
         names.add(fields[0])
     used = set(re.findall(r"DCGM_FI_[A-Z0-9_]+", (root / RULES).read_text()))
     assert used and used <= names, used - names
-    assert set(f.metric for f in load_collector().FIELDS) <= names
+    assert set(f.metric for f in load_program(COLLECTOR).FIELDS) <= names
     settings = (root / "etc/default/dcgm-exporter").read_text()
     assert 'DCGM_EXPORTER_LISTEN=":9500"' in settings
     unit = (root / "etc/systemd/system/nodeforge-dcgm-exporter.service").read_text()
     assert "ConditionPathExists=/usr/bin/dcgm-exporter" in unit and "EnvironmentFile=/etc/default/dcgm-exporter" in unit
+    assert "ExecCondition=/usr/lib/nodeforge/nvidia-gpu-present" in unit
 
 
 def test_collector_unit_writes_where_node_exporter_reads(monitoring_tree: Path, tmp_path: Path) -> None:
@@ -522,7 +503,7 @@ def test_collector_unit_writes_where_node_exporter_reads(monitoring_tree: Path, 
     unit = (root / "etc/systemd/system/nodeforge-gpu-metrics.service").read_text()
     assert ("ExecStart=/usr/local/sbin/nodeforge-gpu-metrics --output-dir /srv/textfile "
             "--nvidia-smi /usr/bin/nvidia-smi --no-xid\n") in unit
-    assert "ConditionPathExists=/dev/nvidiactl" in unit
+    assert "ExecCondition=/usr/lib/nodeforge/nvidia-gpu-present" in unit and "/dev/nvidiactl" not in unit
     assert "OnUnitActiveSec=60s" in (root / "etc/systemd/system/nodeforge-gpu-metrics.timer").read_text()
 
 

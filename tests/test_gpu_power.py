@@ -7,9 +7,6 @@ exactly. No engine is needed.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import json
 import shutil
 import subprocess
 import sys
@@ -18,22 +15,23 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from support.fake_tools import fake, fake_tools
+from support.fake_tools import overlay as overlay_scenario
+from support.programs import load_program
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers/gpu-power/files/nodeforge-gpu-power"
-FAKE_SMI = ROOT / "tests/fakes/bin/nvidia-smi"
 GPU = ROOT / "tests/fixtures/gpu"
 POWER_QUERY = ("--query-gpu=index,uuid,pci.bus_id,power.limit,enforced.power.limit,power.default_limit,"
                "power.min_limit,power.max_limit,clocks.max.graphics --format=csv,noheader,nounits")
 
 
 class Run:
-    def __init__(self, proc: subprocess.CompletedProcess[str], log: Path) -> None:
+    def __init__(self, proc: subprocess.CompletedProcess[str], calls: list[list[str]]) -> None:
         self.rc = proc.returncode
         self.out = proc.stdout
         self.err = proc.stderr
-        lines = log.read_text().splitlines() if log.exists() else []
-        self.calls: list[list[str]] = [json.loads(line)["argv"] for line in lines]
+        self.calls = calls
 
     @property
     def settings(self) -> list[list[str]]:
@@ -42,22 +40,15 @@ class Run:
 
 
 def run(scenario: Path, work: Path, *args: str) -> Run:
-    log = work / "smi.log"
-    env = {"PATH": "/usr/bin:/bin", "FAKE_FIXTURE": str(scenario), "FAKE_LOG": str(log),
-           "FAKE_STATE": str(work / "fake-state")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args[:1], "--nvidia-smi", str(FAKE_SMI), *args[1:]],
+    env, calls = fake_tools(scenario, work, base={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args[:1], "--nvidia-smi", fake("nvidia-smi"), *args[1:]],
                           capture_output=True, text=True, env=env, timeout=120)
-    return Run(proc, log)
+    return Run(proc, calls.argv())
 
 
 def overlay(work: Path, scenario: str, rules: list[dict[str, Any]], files: dict[str, str]) -> Path:
     """A copy of a recorded scenario with test rules that answer first (00-test.json sorts first)."""
-    target = work / scenario
-    shutil.copytree(GPU / scenario, target)
-    for name, text in files.items():
-        (target / name).write_text(text)
-    (target / "nvidia-smi.d" / "00-test.json").write_text(json.dumps(rules))
-    return target
+    return overlay_scenario(work, GPU / scenario, "nvidia-smi", rules, files)
 
 
 def with_limits(scenario: str, limits: dict[int, float]) -> str:
@@ -75,16 +66,6 @@ def with_limits(scenario: str, limits: dict[int, float]) -> str:
 def readback_rules(scenario: str, limits: dict[int, float]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     return ([{"args": POWER_QUERY.replace(".", r"\."), "sequence": ["query-gpu-power.csv", "test-readback.csv"]}],
             {"test-readback.csv": with_limits(scenario, limits)})
-
-
-def load_module() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("nodeforge_gpu_power", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("nodeforge_gpu_power", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nodeforge_gpu_power"] = module  # dataclasses look their module up while it loads
-    loader.exec_module(module)
-    return module
 
 
 # --- apply ------------------------------------------------------------------------------------
@@ -250,7 +231,7 @@ def settings(mod: ModuleType, **kw: Any) -> Any:
 
 
 def test_governor_never_goes_under_the_gpu_minimum_or_the_floor() -> None:
-    mod = load_module()
+    mod = load_program(SCRIPT)
     s = settings(mod, step_w=100)
     state: dict[str, Any] = {}
     d = mod.decide(gpu_row(0, 250), state, s)
@@ -264,7 +245,7 @@ def test_governor_never_goes_under_the_gpu_minimum_or_the_floor() -> None:
 
 
 def test_governor_ceiling_is_the_configured_limit_else_the_gpu_maximum() -> None:
-    mod = load_module()
+    mod = load_program(SCRIPT)
     d = mod.decide(gpu_row(95, 300), {"last_set": 300}, settings(mod))
     assert (d.action, d.target) == ("raise", 700)
     d = mod.decide(gpu_row(95, 300), {"last_set": 300}, settings(mod, power_limit_w=500))
@@ -274,7 +255,7 @@ def test_governor_ceiling_is_the_configured_limit_else_the_gpu_maximum() -> None
 
 
 def test_governor_hands_back_when_the_limit_returns_to_its_baseline() -> None:
-    mod = load_module()
+    mod = load_program(SCRIPT)
     s = settings(mod)
     state: dict[str, Any] = {"last_set": 600, "low": 0, "high": 0}
     assert mod.decide(gpu_row(0, 450), state, s).action == "yield"
@@ -316,7 +297,7 @@ def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def power_tree(tmp_path: Path) -> Path:
     """A small tree of its own: the layers this image needs, the image, an empty config."""
     tree = tmp_path / "tree"
-    for layer in ("base", "gpu-power"):
+    for layer in ("base", "node-lib", "gpu-present", "gpu-power"):
         shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
     (tree / "images").mkdir()
     (tree / "images/power-scratch.yaml").write_text(SCRATCH_IMAGE)
@@ -331,7 +312,7 @@ def test_rendered_settings_drive_the_script(power_tree: Path, tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     (config,) = out.glob("*-gpu-power/root/etc/nodeforge/gpu-power.json")
     unit = next(out.glob("*-gpu-power/root/etc/systemd/system/nodeforge-gpu-power.service")).read_text()
-    assert "After=nvidia-persistenced.service" in unit and "ConditionPathExists=/dev/nvidiactl" in unit
+    assert "After=nvidia-persistenced.service" in unit and "ExecCondition=/usr/lib/nodeforge/nvidia-gpu-present" in unit
     r = run(GPU / "h100-sxm-8gpu", tmp_path, "apply", "--config", str(config), "--dry-run")
     assert r.rc == 0, r.out + r.err
     assert "dry-run: would run nvidia-smi -i 3 -pl 450" in r.out

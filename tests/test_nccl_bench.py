@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fake_tools import fake, fake_tools, program_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers" / "nccl-bench" / "files" / "nccl-bench.py"
 NCCL = ROOT / "tests" / "fixtures" / "nccl"
-FAKES = ROOT / "tests" / "fakes" / "bin"
 GIB = 1 << 30
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--config", os.devnull, *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=60, check=False)
+                          text=True, env=env or program_env(), timeout=60, check=False)
     assert proc.stderr == "", proc.stderr
     return proc.returncode, proc.stdout
 
@@ -120,12 +120,10 @@ def test_textfile_metric(tmp_path: Path) -> None:
 # --- the runner ---------------------------------------------------------------------------------------------------
 
 def runner(tmp_path: Path, scenario: str, *args: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
-    log = tmp_path / "calls.jsonl"
-    rc, out = bench("run", "--binary", str(FAKES / "all_reduce_perf"), "--json", *args,
-                    env={"FAKE_FIXTURE": str(NCCL / scenario), "FAKE_LOG": str(log)})
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    env, calls = fake_tools(NCCL / scenario, tmp_path)
+    rc, out = bench("run", "--binary", fake("all_reduce_perf"), "--json", *args, env=env)
     doc: dict[str, Any] = json.loads(out)
-    return rc, doc, calls
+    return rc, doc, calls()
 
 
 def test_runner_calls_the_configured_binary_and_judges(tmp_path: Path) -> None:
@@ -180,7 +178,7 @@ def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def render(tmp_path: Path, kind: str) -> Path:
     tree = tmp_path / "tree"
-    for layer in ("base", "nccl-bench"):
+    for layer in ("base", "node-lib", "nccl-bench"):
         shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
     (tree / "images").mkdir()
     (tree / "images/nccl-scratch.yaml").write_text(SCRATCH_IMAGE.format(kind=kind))
@@ -197,15 +195,15 @@ def test_rendered_settings_drive_the_runner(tmp_path: Path) -> None:
     conf = render(tmp_path, "container")
     text = conf.read_text()
     assert "args = -b 8 -e 8G -f 2 -g 8\n" in text and "floor = 400.0\n" in text and "textfile = \n" in text
-    log = tmp_path / "calls.jsonl"
-    env = {**os.environ, "FAKE_FIXTURE": str(NCCL / "run-healthy"), "FAKE_LOG": str(log)}
+    env, _ = fake_tools(NCCL / "run-healthy", tmp_path)
     proc = subprocess.run([sys.executable, str(SCRIPT), "run", "--config", str(conf),
-                           "--binary", str(FAKES / "all_reduce_perf")],
+                           "--binary", fake("all_reduce_perf")],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("NCCL-BENCH PASS"), proc.stdout + proc.stderr
     assert "(floor 400 GB/s" in proc.stdout
     degraded = subprocess.run([sys.executable, str(SCRIPT), "parse", str(NCCL / "nccl-h100-8gpu-degraded.txt"),
-                               "--config", str(conf)], capture_output=True, text=True, timeout=60, check=False)
+                               "--config", str(conf)], capture_output=True, text=True, env=program_env(), timeout=60,
+                              check=False)
     assert degraded.returncode == 2
 
 

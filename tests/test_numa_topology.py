@@ -5,41 +5,39 @@ node whose only NIC hangs off the other socket for two of its GPUs."""
 from __future__ import annotations
 
 import json
-import os
-import runpy
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from support.fake_tools import fake, fake_tools
+from support.programs import load_program
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers" / "numa-topology" / "files" / "numa-probe.py"
 FIXTURES = ROOT / "tests" / "fixtures"
 SYSFS = FIXTURES / "sysfs"
-FAKES = ROOT / "tests" / "fakes" / "bin"
 SCENARIOS = {"h100-sxm-8gpu": FIXTURES / "gpu" / "h100-sxm-8gpu", "a100-pcie-1gpu": FIXTURES / "gpu" / "a100-pcie-1gpu",
              "topo-bad-wiring": FIXTURES / "topo-bad-wiring"}
 
 
 def probe(tmp: Path, machine: str, *args: str, nvidia_smi: str | None = None,
           sysfs: str | None = None) -> tuple[int, dict[str, Any], list[list[str]]]:
-    log = tmp / "calls.jsonl"
-    env = {**os.environ, "FAKE_FIXTURE": str(SCENARIOS[machine]), "FAKE_LOG": str(log)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", nvidia_smi or str(FAKES / "nvidia-smi"),
+    env, calls = fake_tools(SCENARIOS[machine], tmp)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", nvidia_smi or fake("nvidia-smi"),
                            "--sysfs-root", str(SYSFS / (sysfs or machine)), "--json", *args],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert proc.stderr == "", proc.stderr
-    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
     doc: dict[str, Any] = json.loads(proc.stdout)
-    return proc.returncode, doc, calls
+    return proc.returncode, doc, calls.argv()
 
 
 def test_topo_output_carries_escape_codes_and_tabs() -> None:
     # the recording is what nvidia-smi prints to a terminal: the parser must cope with both
     raw = (SCENARIOS["h100-sxm-8gpu"] / "topo-m.txt").read_text()
     assert raw.startswith("\t\x1b[4mGPU0\t") and "GPU NUMA ID\x1b[0m\n" in raw
-    topo = runpy.run_path(str(SCRIPT))["parse_topo"](raw)
+    topo = load_program(SCRIPT).parse_topo(raw)
     assert topo.paths["GPU0"]["NIC0"] == "PIX" and topo.paths["GPU0"]["GPU7"] == "NV18"
     assert topo.paths["GPU3"]["NIC4"] == "SYS" and topo.paths["NIC7"]["NIC7"] == "X"
     assert topo.affinity["GPU5"] == ("56-111,168-223", "1")
@@ -141,7 +139,7 @@ outputs:
 
 def test_boot_unit_runs_the_probe_with_valid_options(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
-    for layer in ("base", "numa-topology"):
+    for layer in ("base", "node-lib", "numa-topology"):
         shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
     (tree / "images").mkdir()
     (tree / "images/numa-scratch.yaml").write_text(SCRATCH_IMAGE)
@@ -159,9 +157,9 @@ def test_boot_unit_runs_the_probe_with_valid_options(tmp_path: Path) -> None:
     options = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert options["--output"] == "/run/nodeforge/numa-topology.json"
     options.update({"--output": str(tmp_path / "numa.json"), "--textfile": str(tmp_path)})
-    env = {**os.environ, "FAKE_FIXTURE": str(SCENARIOS["topo-bad-wiring"]), "FAKE_LOG": str(tmp_path / "log")}
+    env, _ = fake_tools(SCENARIOS["topo-bad-wiring"], tmp_path)
     run = subprocess.run([sys.executable, str(SCRIPT), *[x for kv in options.items() for x in kv],
-                          "--nvidia-smi", str(FAKES / "nvidia-smi"), "--sysfs-root", str(SYSFS / "topo-bad-wiring")],
+                          "--nvidia-smi", fake("nvidia-smi"), "--sysfs-root", str(SYSFS / "topo-bad-wiring")],
                          capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 1 and "WARNING GPU 0 (0000:17:00.0)" in run.stdout
     assert json.loads((tmp_path / "numa.json").read_text())["cross_socket_gpus"] == 2

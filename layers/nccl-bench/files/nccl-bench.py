@@ -17,7 +17,6 @@ Exit status (Nagios): 0 PASS, 2 FAIL, 3 UNKNOWN.
 from __future__ import annotations
 
 import argparse
-import configparser
 import json
 import math
 import os
@@ -30,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nodeforge_node import Metrics, config_defaults, finish, write_atomic
 
 PASS, FAIL, UNKNOWN = 0, 2, 3
 NAMES = {PASS: "PASS", FAIL: "FAIL", UNKNOWN: "UNKNOWN"}
@@ -216,37 +217,27 @@ def judge(run: Run, floor: float, min_bytes: int) -> dict[str, Any]:
 
 
 def metrics(doc: dict[str, Any]) -> str:
-    coll = doc["program"].removesuffix("_perf")
-    lines = [
-        "# HELP nodeforge_nccl_bench_pass 1 when the last NCCL benchmark passed, 0 when it failed or could not tell.",
-        "# TYPE nodeforge_nccl_bench_pass gauge",
-        f'nodeforge_nccl_bench_pass{{collective="{coll}"}} {1 if doc["exit_code"] == PASS else 0}',
-        "# HELP nodeforge_nccl_bench_status Verdict of the last NCCL benchmark (0 PASS, 2 FAIL, 3 UNKNOWN).",
-        "# TYPE nodeforge_nccl_bench_status gauge",
-        f'nodeforge_nccl_bench_status{{collective="{coll}"}} {doc["exit_code"]}',
-        "# HELP nodeforge_nccl_bench_busbw_gbytes_per_second Bus bandwidth per message size (GB/s).",
-        "# TYPE nodeforge_nccl_bench_busbw_gbytes_per_second gauge",
-    ]
+    coll = {"collective": doc["program"].removesuffix("_perf")}
+    m = Metrics()
+    m.gauge("nodeforge_nccl_bench_pass", "1 when the last NCCL benchmark passed, 0 when it failed or could not tell.",
+            1 if doc["exit_code"] == PASS else 0, coll)
+    m.gauge("nodeforge_nccl_bench_status", "Verdict of the last NCCL benchmark (0 PASS, 2 FAIL, 3 UNKNOWN).",
+            doc["exit_code"], coll)
+    busbw = "nodeforge_nccl_bench_busbw_gbytes_per_second"
+    m.declare(busbw, "gauge", "Bus bandwidth per message size (GB/s).")
     for r in doc["results"]:
         for place in PLACES:
             side = r.get(place)
             if side and side["busbw"] is not None:
-                lines.append(f'nodeforge_nccl_bench_busbw_gbytes_per_second{{collective="{coll}",'
-                             f'placement="{place}",size="{r["size"]}"}} {side["busbw"]}')
-    lines += [
-        "# HELP nodeforge_nccl_bench_wrong_results Results with wrong values in the last NCCL benchmark.",
-        "# TYPE nodeforge_nccl_bench_wrong_results gauge",
-        f'nodeforge_nccl_bench_wrong_results{{collective="{coll}"}} '
-        f'{sum((r.get(p) or {}).get("wrong") or 0 for r in doc["results"] for p in PLACES)}',
-        "# HELP nodeforge_nccl_bench_last_run_timestamp_seconds When the last NCCL benchmark was judged.",
-        "# TYPE nodeforge_nccl_bench_last_run_timestamp_seconds gauge",
-        f'nodeforge_nccl_bench_last_run_timestamp_seconds{{collective="{coll}"}} {int(time.time())}',
-    ]
+                m.sample(busbw, str(side["busbw"]), {**coll, "placement": place, "size": str(r["size"])})
+    m.gauge("nodeforge_nccl_bench_wrong_results", "Results with wrong values in the last NCCL benchmark.",
+            sum((r.get(p) or {}).get("wrong") or 0 for r in doc["results"] for p in PLACES), coll)
+    m.gauge("nodeforge_nccl_bench_last_run_timestamp_seconds", "When the last NCCL benchmark was judged.",
+            int(time.time()), coll)
     if doc["avg_busbw"] is not None:
-        lines += ["# HELP nodeforge_nccl_bench_avg_busbw_gbytes_per_second nccl-tests' average bus bandwidth.",
-                  "# TYPE nodeforge_nccl_bench_avg_busbw_gbytes_per_second gauge",
-                  f'nodeforge_nccl_bench_avg_busbw_gbytes_per_second{{collective="{coll}"}} {doc["avg_busbw"]}']
-    return "\n".join(lines) + "\n"
+        m.gauge("nodeforge_nccl_bench_avg_busbw_gbytes_per_second", "nccl-tests' average bus bandwidth.",
+                str(doc["avg_busbw"]), coll)
+    return m.text()
 
 
 def report(doc: dict[str, Any]) -> str:
@@ -262,14 +253,6 @@ def report(doc: dict[str, Any]) -> str:
         wrong = (oop.get("wrong") or 0) + (ip.get("wrong") or 0)
         lines.append(f"  {r['size']:>12}  {oop.get('busbw') or 0:>10.2f}  {ip.get('busbw') or 0:>10.2f}  {wrong:>7}")
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o644)
-    tmp.replace(path)
 
 
 def run_benchmark(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -327,25 +310,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:  # run: everything after -- goes to all_reduce_perf
         cut = argv.index("--")
         argv, bench_args = argv[:cut], argv[cut + 1:]
-    pre, _ = p.parse_known_args(argv)
-    config = configparser.ConfigParser(interpolation=None)
-    if pre.config and Path(pre.config).is_file():
-        config.read(pre.config, encoding="utf-8")
-    if config.has_section("nccl-bench"):
-        known = {a.dest: a for a in p._actions}
-        defaults: dict[str, Any] = {}
-        for key, raw in config.items("nccl-bench"):
-            dest = key.replace("-", "_")
-            if dest not in known or dest in ("command", "file"):
-                p.error(f"{pre.config}: unknown option {key!r}")
-            action = known[dest]
-            if isinstance(action, argparse._StoreTrueAction):
-                defaults[dest] = raw.strip().lower() in ("1", "yes", "true", "on")
-            elif callable(action.type):
-                defaults[dest] = action.type(raw)
-            else:
-                defaults[dest] = raw.strip() or None
-        p.set_defaults(**defaults)
+    config_defaults(p, argv, "nccl-bench", reserved=("command", "file"))
     args = p.parse_args(argv)
     args.bench_args = bench_args
     if args.command == "run" and args.file is not None:
@@ -367,13 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["reasons"] = [why]
         else:
             doc = judge(parse(text), args.floor, args.min_bytes)
-    if args.json_file:
-        write_atomic(Path(args.json_file), json.dumps(doc, indent=2) + "\n")
-    if args.textfile:
-        write_atomic(Path(args.textfile) / "nccl_bench.prom", metrics(doc))
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else report(doc))
-    return int(doc["exit_code"])
-
+    return finish(doc, report, json_out=args.json, json_file=args.json_file,
+                  textfile=Path(args.textfile) / "nccl_bench.prom" if args.textfile else None, metrics=metrics)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,6 @@ cross-socket GPU/NIC pair or a device whose firmware reports no NUMA node), 3 UN
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -24,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nodeforge_node import Metrics, finish, parse_csv, tool
 
 OK, WARNING, UNKNOWN = 0, 1, 3
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -169,6 +170,16 @@ def run(argv: list[str], timeout: float) -> tuple[int | None, str]:
     return proc.returncode, proc.stdout
 
 
+def smi_gpus(out: str) -> list[Gpu]:
+    """The GPUs of a --query-gpu=index,pci.bus_id answer (lines that are not rows left out)."""
+    gpus = []
+    for row in parse_csv(out, ("index", "pci.bus_id"), lenient=True):
+        index, bus_id = row["index"], row["pci.bus_id"]
+        if index is not None and index.isdigit() and bus_id is not None:
+            gpus.append(Gpu(int(index), pci_bdf(bus_id)))
+    return gpus
+
+
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     sysfs = Sysfs(Path(args.sysfs_root))
     notes: list[str] = []
@@ -177,10 +188,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     gpus: list[Gpu] = []
     code, out = run([args.nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], args.timeout)
     if code == 0:
-        for line in out.splitlines():
-            cells = [c.strip() for c in line.split(",")]
-            if len(cells) == 2 and cells[0].isdigit():
-                gpus.append(Gpu(int(cells[0]), pci_bdf(cells[1])))
+        gpus = smi_gpus(out)
         source = "nvidia-smi"
     else:
         why = "not found" if code == 127 else "no answer" if code is None else f"exit {code}"
@@ -253,28 +261,25 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def metrics(doc: dict[str, Any]) -> str:
-    lines = [
-        "# HELP nodeforge_numa_gpu_numa_node NUMA node a GPU is attached to (-1: the firmware reports none).",
-        "# TYPE nodeforge_numa_gpu_numa_node gauge",
-        *(f'nodeforge_numa_gpu_numa_node{{gpu="{g["index"]}",bus_id="{g["bus_id"]}"}} '
-          f'{g["numa_node"] if g["numa_node"] is not None else -1}' for g in doc["gpus"]),
-        "# HELP nodeforge_numa_nic_numa_node NUMA node an RDMA NIC is attached to.",
-        "# TYPE nodeforge_numa_nic_numa_node gauge",
-        *(f'nodeforge_numa_nic_numa_node{{nic="{n["name"]}"}} {n["numa_node"] if n["numa_node"] is not None else -1}'
-          for n in doc["nics"]),
-        "# HELP nodeforge_numa_gpu_nic_cross_socket 1 when a GPU's closest NIC is on another socket.",
-        "# TYPE nodeforge_numa_gpu_nic_cross_socket gauge",
-        *(f'nodeforge_numa_gpu_nic_cross_socket{{gpu="{g["index"]}",nic="{g["closest_nic"]}",'
-          f'path="{g["closest_path"] or "unknown"}"}} {int(g["cross_socket"])}'
-          for g in doc["gpus"] if g["closest_nic"]),
-        "# HELP nodeforge_numa_cross_socket_gpus GPUs whose closest NIC is on another socket.",
-        "# TYPE nodeforge_numa_cross_socket_gpus gauge",
-        f"nodeforge_numa_cross_socket_gpus {doc['cross_socket_gpus']}",
-        "# HELP nodeforge_numa_probe_last_run_timestamp_seconds When the topology was last probed.",
-        "# TYPE nodeforge_numa_probe_last_run_timestamp_seconds gauge",
-        f"nodeforge_numa_probe_last_run_timestamp_seconds {int(time.time())}",
-    ]
-    return "\n".join(lines) + "\n"
+    m = Metrics()
+    gpu_node, nic_node = "nodeforge_numa_gpu_numa_node", "nodeforge_numa_nic_numa_node"
+    cross = "nodeforge_numa_gpu_nic_cross_socket"
+    m.declare(gpu_node, "gauge", "NUMA node a GPU is attached to (-1: the firmware reports none).")
+    for g in doc["gpus"]:
+        m.sample(gpu_node, g["numa_node"] if g["numa_node"] is not None else -1,
+                 {"gpu": str(g["index"]), "bus_id": g["bus_id"]})
+    m.declare(nic_node, "gauge", "NUMA node an RDMA NIC is attached to.")
+    for n in doc["nics"]:
+        m.sample(nic_node, n["numa_node"] if n["numa_node"] is not None else -1, {"nic": n["name"]})
+    m.declare(cross, "gauge", "1 when a GPU's closest NIC is on another socket.")
+    for g in doc["gpus"]:
+        if g["closest_nic"]:
+            m.sample(cross, int(g["cross_socket"]),
+                     {"gpu": str(g["index"]), "nic": g["closest_nic"], "path": g["closest_path"] or "unknown"})
+    m.gauge("nodeforge_numa_cross_socket_gpus", "GPUs whose closest NIC is on another socket.",
+            doc["cross_socket_gpus"])
+    m.gauge("nodeforge_numa_probe_last_run_timestamp_seconds", "When the topology was last probed.", int(time.time()))
+    return m.text()
 
 
 def report(doc: dict[str, Any]) -> str:
@@ -289,17 +294,9 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o644)
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nodeforge-numa-probe", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nvidia-smi", default="nvidia-smi")
+    p.add_argument("--nvidia-smi", default=tool("nvidia-smi"))
     p.add_argument("--topo-file", default=None, help="read nvidia-smi topo -m output from this file")
     p.add_argument("--sysfs-root", default="/sys")
     p.add_argument("--output", default=None, help="write the JSON record here")
@@ -308,13 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per nvidia-smi call")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     doc = probe(args)
-    if args.output:
-        write_atomic(Path(args.output), json.dumps(doc, indent=2) + "\n")
-    if args.textfile:
-        write_atomic(Path(args.textfile) / "numa_topology.prom", metrics(doc))
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else report(doc))
-    return int(doc["exit_code"])
-
+    return finish(doc, report, json_out=args.json, json_file=args.output,
+                  textfile=Path(args.textfile) / "numa_topology.prom" if args.textfile else None, metrics=metrics)
 
 if __name__ == "__main__":
     sys.exit(main())
