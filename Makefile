@@ -33,12 +33,15 @@ SHELL_SCRIPTS = builder/resources/*.sh scripts/*.sh \
 	$$(find layers -path '*/files/*' -type f ! -name '*.j2' -exec awk 'FNR == 1 && /^\#!.*\/(ba|da)?sh( |$$)/ { print FILENAME }' {} +)
 
 # the layers' Python programs (shipped without a .py suffix where they are commands)
-LAYER_PYTHON = $$(find layers -path '*/files/*' -type f ! -name '*.j2' -exec awk 'FNR == 1 && /^\#!.*python/ { print FILENAME }' {} +)
+LAYER_PYTHON = $$(find layers -path '*/files/*' -type f ! -name '*.j2' ! -name '*.py' -exec awk 'FNR == 1 && /^\#!.*python/ { print FILENAME }' {} +) $$(find layers -path '*/files/*.py' -type f)
 
+# and every inline script of the layers (steps, command tests) rendered with the layers' defaults;
+# an inline script over 10 lines of shell belongs in the layer's files/
 lint: setup
-	$(VENV)/bin/ruff check builder tests benchmarks $(LAYER_PYTHON)
+	$(VENV)/bin/ruff check builder tests benchmarks tools $(LAYER_PYTHON)
 	$(VENV)/bin/mypy
 	shellcheck $(SHELL_SCRIPTS)
+	$(VENV)/bin/python tools/lint_scripts.py --max-lines 10
 
 bench: setup
 	$(VENV)/bin/python benchmarks/run.py

@@ -6,20 +6,17 @@ rendered with another value, and the nvidia-peermem loader on fake sysfs trees."
 
 from __future__ import annotations
 
-import functools
-import http.server
-import json
 import os
 import re
 import shutil
-import socketserver
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.offline import build_offline_sources, offline_sets, serve
+from support.reports import assert_all_passed, report_of_test
 
 from builder.compose import compose
 from builder.compose.params import parse_sets
@@ -319,11 +316,8 @@ def test_dgx_h100_with_slurm_and_infiniband(scratch_tree: Path) -> None:
 @pytest.fixture(scope="session")
 def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """gpu-node -c v100-slurm, built in a copy of the tree under its own tag (the default build keeps
-    nodeforge/gpu-node), with the stand-in container toolkit as tests/test_gpu_node.py serves it, then
+    nodeforge/gpu-node), with the stand-in container toolkit (tests/support/offline.py), then
     tested with a direct boot: the JSON report."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_gpu_node import _bridge_address, build_offline_sources, offline_sets
-
     tree = tmp_path_factory.mktemp("v100-tree")
     for d in ("layers", "images", "configs"):
         shutil.copytree(ROOT / d, tree / d)
@@ -332,35 +326,20 @@ def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                "nodeforge-test/gpu-node-v100-slurm:0.1.0"))
     offline = tmp_path_factory.mktemp("v100-offline")
     build_offline_sources(offline)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(offline))
-    address = _bridge_address()
-    server = socketserver.ThreadingTCPServer((address, 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://{address}:{server.server_address[1]}"
+    with serve(offline, port=0) as base:
         cli = [sys.executable, "-m", "builder.cli", "--root", str(tree)]
         sets = offline_sets(base)[:4]  # the toolkit's: a V100 node has no fabric manager
         built = subprocess.run([*cli, "build", "gpu-node", "-c", "v100-slurm", *sets],
                                capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-6000:]
-        report = tmp_path_factory.mktemp("v100-report")
-        tested = subprocess.run([*cli, "test", "gpu-node", "-c", "v100-slurm", *sets, "--boot-modes", "direct",
-                                 "--report", str(report)], capture_output=True, text=True)
-        data: dict[str, Any] = json.loads((report / "gpu-node.json").read_text())
-        data["rc"], data["stderr"] = tested.returncode, tested.stderr
-        return data
-    finally:
-        server.shutdown()
-        server.server_close()
+        return report_of_test(cli, "gpu-node", tmp_path_factory.mktemp("v100-report"), "-c", "v100-slurm", *sets,
+                           "--boot-modes", "direct")
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 def test_gpu_node_with_v100_slurm_boots_with_every_check_passing(v100_report: dict[str, Any]) -> None:
-    failed = [f"{r['layer']}: {r['name']}: {r['message']}" for r in v100_report["results"]
-              if r["status"] == "failed"]
-    assert not failed, failed
-    assert v100_report["rc"] == 0, v100_report["stderr"][-3000:]
+    assert_all_passed(v100_report)
     for layer in LAYERS:
         ran = [r for r in v100_report["results"] if r["layer"] == layer]
         assert ran and all(r["status"] == "passed" for r in ran), (layer, ran)

@@ -7,45 +7,43 @@ The slow tests build gpu-node with configs/dgx-h100.yaml, boot it under emulatio
 the driver's module files, the nouveau blacklist in the initramfs and the GPU services.
 
 NVIDIA's repositories cannot be reached everywhere (not from CI here): the container toolkit and
-fabric manager come from an offline source built by these tests from the stand-in packages in
-tests/fixtures/container-toolkit (see its README), served over HTTP on the engine's bridge.
+fabric manager come from an offline source built from the stand-in packages in
+tests/fixtures/container-toolkit (see its README), served over HTTP on the engine's bridge
+(tests/support/offline.py).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import re
 import shutil
-import socketserver
 import subprocess
 import sys
-import threading
 import tomllib
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fake_tools import fake, fake_tools
+from support.keys import make_key
+from support.offline import build_offline_sources, offline_sets, serve
+from support.reports import assert_all_passed, report_of_test
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKES = ROOT / "tests" / "fakes" / "bin"
 FIRMWARE_FIXTURES = ROOT / "tests" / "fixtures" / "firmware"
-STAND_INS = ROOT / "tests" / "fixtures" / "container-toolkit"
-DRIVER_FILES = ROOT / "layers" / "nvidia-driver" / "files"
+GPU_PRESENT = ROOT / "layers" / "gpu-present" / "files" / "nvidia-gpu-present"
 FIRMWARE_FILES = ROOT / "layers" / "firmware" / "files"
 DRIVER_VERSION = "535.261.03"
-OFFLINE_PORT = 18931          # fixed: the offline source's URL is part of the layer's cache key
-EPOCH = "1735689600"
 
 
-def nodeforge(*args: str, root: Path = ROOT, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder.cli", "--root", str(root), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+CLI = [sys.executable, "-m", "builder.cli", "--root", str(ROOT)]
+
+
+def nodeforge(*args: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
 # --------------------------------------------------------------------------- definitions
@@ -211,7 +209,7 @@ def test_gpu_units_condition_finds_gpus_and_nvswitches_on_the_pci_bus(
         tmp_path: Path, devices: list[tuple[str, str, str]], gpu: int, nvswitch: int) -> None:
     for bdf, vendor, cls in devices:
         _pci(tmp_path, bdf, vendor, cls)
-    script = str(DRIVER_FILES / "nvidia-gpu-present")
+    script = str(GPU_PRESENT)
     g = subprocess.run([script, "--sysfs", str(tmp_path)], capture_output=True, text=True)
     s = subprocess.run([script, "--nvswitch", "--sysfs", str(tmp_path)], capture_output=True, text=True)
     assert (g.returncode, s.returncode) == (gpu, nvswitch), g.stdout + s.stdout
@@ -223,7 +221,7 @@ def test_firmware_stage_checks_every_sha256(tmp_path: Path) -> None:
     blob = tmp_path / "src" / "fw-ConnectX7-28.39.1002.bin"
     blob.parent.mkdir()
     blob.write_bytes(b"\x7fFW" * 1000)
-    good = __import__("hashlib").sha256(blob.read_bytes()).hexdigest()
+    good = hashlib.sha256(blob.read_bytes()).hexdigest()
     stage = str(FIRMWARE_FILES / "firmware-stage")
     ok = subprocess.run([stage, str(tmp_path / "ok"), f"file:{blob}", good], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
@@ -246,25 +244,22 @@ def _firmware_run(tmp: Path, scenario: str, **conf: str) -> tuple[subprocess.Com
     if not fw.exists():
         fw.mkdir()
         (fw / IMAGE).write_bytes(b"image 28.39.1002")
-        sha = __import__("hashlib").sha256((fw / IMAGE).read_bytes()).hexdigest()
+        sha = hashlib.sha256((fw / IMAGE).read_bytes()).hexdigest()
         (fw / "SHA256SUMS").write_text(f"{sha}  {IMAGE}\n")
         (tmp / "textfile").mkdir()
     settings = {
-        "COMPONENT": "nic", "TOOL": str(FAKES / "mstflint"), "QUERY_ARGS": "-d 0000:3b:00.0 query",
+        "COMPONENT": "nic", "TOOL": fake("mstflint"), "QUERY_ARGS": "-d 0000:3b:00.0 query",
         "VERSION_LABEL": "FW Version:", "FLASH_ARGS": "-d 0000:3b:00.0 -i {image} -y burn", "IMAGE": IMAGE,
         "WANTED": WANTED, "POWER_CYCLE_REGEX": "power cycle|cold reboot", "DRY_RUN": "false",
         "FIRMWARE_DIR": str(fw), "STATE_DIR": str(tmp / "state"), "TEXTFILE_DIR": str(tmp / "textfile"),
     }
     settings.update(conf)
     (tmp / "firmware-update.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    log = tmp / "calls.jsonl"
-    before = len(log.read_text().splitlines()) if log.exists() else 0
-    env = {**os.environ, "NODEFORGE_FIRMWARE_CONF": str(tmp / "firmware-update.conf"),
-           "FAKE_FIXTURE": str(FIRMWARE_FIXTURES / scenario), "FAKE_LOG": str(log),
-           "FAKE_STATE": str(tmp / "fake-state")}
+    env, calls = fake_tools(FIRMWARE_FIXTURES / scenario, tmp,
+                            NODEFORGE_FIRMWARE_CONF=str(tmp / "firmware-update.conf"))
+    before = len(calls)
     proc = subprocess.run([str(FIRMWARE_FILES / "firmware-update")], capture_output=True, text=True, env=env)
-    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()[before:]] if log.exists() else []
-    return proc, calls
+    return proc, calls.argv()[before:]
 
 
 def _state(tmp: Path) -> dict[str, str]:
@@ -348,60 +343,13 @@ def test_firmware_update_records_a_device_it_cannot_query(tmp_path: Path) -> Non
 
 # --------------------------------------------------------------------------- builds and boots
 
-def build_offline_sources(out: Path) -> dict[str, Path]:
-    """The stand-in packages as offline sources: a directory of .deb files and SHA256SUMS each
-    (bit-identical on every run: SOURCE_DATE_EPOCH, root owner)."""
-    groups = {"toolkit": ["nvidia-container-toolkit-base", "nvidia-container-toolkit"],
-              "fabricmanager": ["nvidia-fabricmanager-535"]}
-    dirs = {}
-    for group, packages in groups.items():
-        d = out / group
-        d.mkdir(parents=True, exist_ok=True)
-        for pkg in packages:
-            subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(STAND_INS / pkg), str(d)],
-                           check=True, capture_output=True, env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH})
-        sums = subprocess.run("sha256sum *.deb", shell=True, cwd=d, check=True, capture_output=True, text=True)
-        (d / "SHA256SUMS").write_text(sums.stdout)
-        dirs[group] = d
-    return dirs
-
-
-def _bridge_address() -> str:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True).stdout
-    m = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
-    return m.group(1) if m else "172.17.0.1"
-
-
 @pytest.fixture(scope="session")
 def offline_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of the stand-in offline sources, served where build containers reach them."""
     d = tmp_path_factory.mktemp("offline")
     build_offline_sources(d)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(d))
-    address = _bridge_address()
-    try:
-        server = socketserver.ThreadingTCPServer((address, OFFLINE_PORT), handler)
-    except OSError:
-        server = socketserver.ThreadingTCPServer((address, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://{address}:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def sums_digest(base: str, group: str) -> str:
-    """The sha256 of a served SHA256SUMS: an http source is pinned by the digest of its list."""
-    with urllib.request.urlopen(f"{base}/{group}/SHA256SUMS", timeout=10) as r:
-        return hashlib.sha256(r.read()).hexdigest()
-
-
-def offline_sets(base: str) -> list[str]:
-    """--set flags for the stand-in sources: the toolkit's first, then the fabric manager's."""
-    return ["--set", f"nvidia-container-runtime.offline_source={base}/toolkit/",
-            "--set", f"nvidia-container-runtime.offline_sums_sha256={sums_digest(base, 'toolkit')}",
-            "--set", f"nvidia-driver.fabricmanager_source={base}/fabricmanager/",
-            "--set", f"nvidia-driver.fabricmanager_sums_sha256={sums_digest(base, 'fabricmanager')}"]
+    with serve(d) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")
@@ -414,13 +362,8 @@ def dgx_node(offline_source: str) -> str:
 
 @pytest.fixture(scope="session")
 def dgx_report(dgx_node: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    report = tmp_path_factory.mktemp("dgx-report")
-    proc = nodeforge("test", "images/gpu-node.yaml", "-c", "dgx-h100", *offline_sets(dgx_node),
-                     "--boot-modes", "direct", "--report", str(report))
-    data = json.loads((report / "gpu-node.json").read_text())
-    data["rc"] = proc.returncode
-    data["stderr"] = proc.stderr
-    return data
+    return report_of_test(CLI, "images/gpu-node.yaml", tmp_path_factory.mktemp("dgx-report"), "-c", "dgx-h100",
+                       *offline_sets(dgx_node), "--boot-modes", "direct")
 
 
 def _results(data: dict[str, Any], layer: str) -> dict[str, dict[str, Any]]:
@@ -430,10 +373,7 @@ def _results(data: dict[str, Any], layer: str) -> dict[str, dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.docker
 def test_dgx_h100_node_builds_boots_and_passes_every_layer_test(dgx_report: dict[str, Any]) -> None:
-    failed = [f"{r.get('layer')}: {r['name']}: {r.get('message')}" for r in dgx_report["results"]
-              if r["status"] == "failed"]
-    assert not failed, failed
-    assert dgx_report["rc"] == 0, dgx_report["stderr"][-3000:]
+    assert_all_passed(dgx_report)
     verdicts = [r for r in dgx_report["results"] if r["kind"] == "verdict"]
     assert verdicts and all(r["status"] == "passed" for r in verdicts), verdicts
 
@@ -468,10 +408,10 @@ def test_dgx_h100_node_has_the_driver_for_its_kernel_and_skips_gpu_services(dgx_
 @pytest.mark.slow
 @pytest.mark.docker
 def test_dgx_h100_initramfs_blacklists_nouveau(dgx_node: str) -> None:
-    initrd = ROOT / "build" / "images" / "gpu-node" / "initrd.img"
+    initrd = ROOT / "build" / "images" / "gpu-node@dgx-h100" / "initrd.img"
     assert initrd.is_file(), "gpu-node was not assembled"
     listing = subprocess.run(
-        ["docker", "run", "--rm", "-v", f"{initrd}:/initrd.img:ro", "nodeforge/gpu-node:0.1.0",
+        ["docker", "run", "--rm", "-v", f"{initrd}:/initrd.img:ro", "nodeforge/gpu-node:0.1.0-dgx-h100",
          "sh", "-c", "lsinitramfs /initrd.img | grep -E 'modprobe.d/.*nouveau'; "
                      "d=$(mktemp -d); cd $d && unmkinitramfs /initrd.img x >/dev/null && "
                      "cat $(find x -path '*modprobe.d/nvidia-blacklists-nouveau.conf')"],
@@ -514,8 +454,6 @@ def test_dgx_h100_disk_carries_the_driver_signed_with_the_key_given_at_build_tim
     layers keep them unsigned), the certificate beside them for mokutil, the key nowhere."""
     import tarfile
 
-    from test_module_signing import make_key
-
     _, _, pem = make_key(tmp_path / "mok", cn="nodeforge test MOK")
     env = {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build")}
     proc = subprocess.run([sys.executable, "-m", "builder.cli", "build", "images/gpu-node.yaml", "-c", "dgx-h100",
@@ -524,7 +462,7 @@ def test_dgx_h100_disk_carries_the_driver_signed_with_the_key_given_at_build_tim
     assert proc.returncode == 0, proc.stderr[-3000:]
     signed = re.search(r"signed (\d+) modules with .*nodeforge test MOK", proc.stderr)
     assert signed and int(signed.group(1)) >= 1, proc.stderr[-3000:]
-    archive = tmp_path / "build" / "images" / "gpu-node" / "rootfs.tar.gz"
+    archive = tmp_path / "build" / "images" / "gpu-node@dgx-h100" / "rootfs.tar.gz"
     out = tmp_path / "x"
     with tarfile.open(archive) as tar:
         wanted = [m for m in tar.getmembers() if re.search(r"/updates/dkms/nvidia-current\.ko$", m.name)

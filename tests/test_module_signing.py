@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.keys import CN, make_key, openssl
 
 from builder.checks import rootfs
 from builder.cli import main
@@ -21,27 +22,9 @@ from builder.node import signing
 from builder.node.signing import MAGIC, SigningKey, sign_modules, split_signature
 
 KVER = "6.1.0-28-amd64"
-CN = "nodeforge test module signing"
 FIXTURES = Path(__file__).parent / "fixtures" / "module-signing"
 
 pytestmark = pytest.mark.skipif(not shutil.which("openssl"), reason="openssl is not installed on this host")
-
-
-def openssl(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=False)
-
-
-def make_key(d: Path, cn: str = CN, passphrase: str | None = None) -> tuple[Path, Path, Path]:
-    """(key.pem, cert.pem, key and certificate in one file) made by openssl."""
-    d.mkdir(parents=True, exist_ok=True)
-    key, cert, both = d / "key.pem", d / "cert.pem", d / "signing_key.pem"
-    pw = ["-aes256", "-pass", f"pass:{passphrase}"] if passphrase else []
-    assert openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", *pw, "-out", str(key)) \
-        .returncode == 0
-    assert openssl("req", "-new", "-x509", "-key", str(key), "-days", "3650", "-subj", f"/CN={cn}", "-out",
-                   str(cert), *(["-passin", f"pass:{passphrase}"] if passphrase else [])).returncode == 0
-    both.write_bytes(key.read_bytes() + cert.read_bytes())
-    return key, cert, both
 
 
 @pytest.fixture(scope="module")

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
 import pytest
+from support.offline import offline_sets, offline_sources
 
 from builder.compose.params import parse_sets
 from builder.definitions.load import load_tree
-from builder.export import compare, twice
 from builder.plan import sha256_file
+from builder.repro import compare, twice
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_OUTPUTS = ("disk.raw", "disk.qcow2", "vmlinuz", "initrd.img", "rootfs.tar.gz", "boot.ipxe", "SHA256SUMS",
@@ -83,55 +82,18 @@ def test_cuda_base_twice(build_twice: Builds) -> None:
     assert json.loads((a / "manifest.json").read_text())["base"]["digest"] == parent
 
 
-def _offline_source_url() -> Iterator[str]:
-    """The stand-in NVIDIA packages at the URL the suite's gpu-node build used (the URL is part of the
-    layer keys): test_gpu_node's server when it is still up, else one started here."""
-    import functools
-    import http.server
-    import socketserver
-    import sys
-    import threading
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_gpu_node import OFFLINE_PORT, _bridge_address, build_offline_sources
-
-    address = _bridge_address()
-    url = f"http://{address}:{OFFLINE_PORT}"
-    with socket.socket() as s:
-        taken = s.connect_ex((address, OFFLINE_PORT)) == 0
-    if taken:
-        with urllib.request.urlopen(f"{url}/toolkit/SHA256SUMS", timeout=10) as r:
-            assert b".deb" in r.read(), f"something else listens on {url}"
-        yield url
-        return
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="nodeforge-offline-") as d:
-        build_offline_sources(Path(d))
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=d)
-        server = socketserver.ThreadingTCPServer((address, OFFLINE_PORT), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield url
-        finally:
-            server.shutdown()
-            server.server_close()
-
-
 @pytest.fixture
 def offline_url() -> Iterator[str]:
-    yield from _offline_source_url()
+    """The stand-in NVIDIA packages at the URL the suite's gpu-node build used (the URL is part of the
+    layer keys): the suite's server when it is still up, else one started here."""
+    with offline_sources() as url:
+        yield url
 
 
 @pytest.mark.slow
 def test_gpu_node_twice(build_twice: Builds, offline_url: str, docker_client: docker.DockerClient) -> None:
     """gpu-node -c dgx-h100 (the driver's DKMS build, fabric manager, the container toolkit from
     the stand-in packages): build B builds every step again, DKMS included."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_gpu_node import offline_sets
-
     sets = offline_sets(offline_url)[1::2]  # the values of its --set flags
     a, b = build_twice("gpu-node", "dgx-h100", sets)
     assert_identical(a, b, NODE_OUTPUTS)

@@ -160,33 +160,30 @@ def test_slurmd_parses_the_generated_gres_for_four_v100(docker_client: Any, slur
     assert gres_problems(docker_client, slurm_image, files) == []
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_a_missing_device_line_fails(docker_client: Any, slurm_image: str) -> None:
-    files = generated()
-    files["/etc/slurm/gres.conf"] = "".join(line for line in files["/etc/slurm/gres.conf"].splitlines(keepends=True)
-                                            if "File=/dev/nvidia2 " not in line)
-    found = gres_problems(docker_client, slurm_image, files)
-    assert "slurmd parsed 3 GPUs, slurm.conf declares gpu:v100:4" in found, found
+def _without_nvidia2(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if "File=/dev/nvidia2 " not in line)
+
+
+# a fault in the generated files -> (file, the change, what gres_problems must report)
+FAULTS = {
+    "a missing device line": ("/etc/slurm/gres.conf", _without_nvidia2,
+                              "slurmd parsed 3 GPUs, slurm.conf declares gpu:v100:4"),
+    "a wrong count": ("/etc/slurm/nodeforge-gpu-nodes.conf", lambda t: t.replace("Gres=gpu:v100:4", "Gres=gpu:v100:5"),
+                      "slurmd parsed 4 GPUs, slurm.conf declares gpu:v100:5"),
+    "OS CPU numbers in Cores": ("/etc/slurm/gres.conf", lambda t: t.replace("Cores=20-39", "Cores=40-79"),
+                                "Invalid GRES data for gpu, Cores=40-79"),
+}
 
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_wrong_count_fails(docker_client: Any, slurm_image: str) -> None:
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_gres_fault_fails(fault: str, docker_client: Any, slurm_image: str) -> None:
+    path, change, expected = FAULTS[fault]
     files = generated()
-    files["/etc/slurm/nodeforge-gpu-nodes.conf"] = files["/etc/slurm/nodeforge-gpu-nodes.conf"].replace(
-        "Gres=gpu:v100:4", "Gres=gpu:v100:5")
+    files[path] = change(files[path])
     found = gres_problems(docker_client, slurm_image, files)
-    assert "slurmd parsed 4 GPUs, slurm.conf declares gpu:v100:5" in found, found
-
-
-@pytest.mark.docker
-@pytest.mark.slow
-def test_os_cpu_numbers_in_cores_fail(docker_client: Any, slurm_image: str) -> None:
-    files = generated()
-    files["/etc/slurm/gres.conf"] = files["/etc/slurm/gres.conf"].replace("Cores=20-39", "Cores=40-79")
-    found = gres_problems(docker_client, slurm_image, files)
-    assert any("Invalid GRES data for gpu, Cores=40-79" in p for p in found), found
+    assert any(expected in p for p in found), found
 
 
 @pytest.mark.docker

@@ -4,6 +4,8 @@ kernel argument), so that a layer does not restate what it sets."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,11 @@ RENDERED_VALUE = check("rendered/grammar", "compose", "a value a template render
                        "character the definition's own text could not hold", "change the parameter so that the "
                        "rendered value fits, e.g. an absolute path without '..', a module name of [a-z0-9_-], one "
                        "line of printable text")
+RESTATES = check("test/restates-contribution", "compose",
+                 "a layer's boot test only restates what the boot check derived from its own sysctl values or "
+                 "kernel arguments already verifies (`sysctl: {key, value}`, `sysctl -n KEY`, a cmdline test, "
+                 "grep of /proc/cmdline)", "delete the test: nodeforge derives that check from the contribution "
+                 "(nodeforge plan lists it under tests)")
 TEXT_REMEDY = "render one line of printable text: no newline, escape or other control character"
 
 
@@ -93,10 +100,56 @@ def make_test(t: dict[str, Any], owner: str, file: str, line: int | None, path: 
 
 
 def _covered(tests: list[Test]) -> tuple[set[tuple[str, str]], set[str]]:
-    sysctl = {(str(t.spec["key"]), " ".join(str(t.spec["value"]).split())) for t in tests
+    sysctl = {(str(t.spec["key"]), _words(t.spec["value"])) for t in tests
               if t.scope == "boot" and t.kind == "sysctl" and t.spec.get("value") is not None}
     args = {a for t in tests if t.scope == "boot" and t.kind == "cmdline" for a in t.spec.get("contains") or []}
     return sysctl, args
+
+
+def _words(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+SYSCTL_N = re.compile(r"(?:/usr)?(?:/s?bin/)?sysctl -n (?P<key>[\w.]+)")
+GREP_CMDLINE = re.compile(r"grep -[qwF]+ (?P<arg>\S+) /proc/cmdline")
+
+
+def _restated(t: Test, sysctl: dict[str, str], args: set[str]) -> str:
+    """What a layer's boot test restates of its own contributions (sysctl: key -> value, its kernel
+    arguments), or '' when it checks something a derived check does not."""
+    if t.scope != "boot":
+        return ""
+    if t.kind == "sysctl" and sysctl.get(str(t.spec["key"])) == _words(t.spec["value"]):
+        return f"{t.spec['key']} = {_words(t.spec['value'])}"
+    if t.kind == "cmdline" and t.spec.get("contains") and set(t.spec["contains"]) <= args:
+        return "the kernel arguments " + " ".join(t.spec["contains"])
+    if t.kind != "command" or t.spec.get("exit", 0) != 0 or t.spec.get("user"):
+        return ""
+    run = " ".join(t.spec["run"].split())
+    expected = (t.spec.get("stdout") or {}).get("equals")
+    key = SYSCTL_N.fullmatch(run)
+    if key and expected is not None and sysctl.get(key["key"]) == _words(expected):
+        return f"{key['key']} = {_words(expected)}"
+    grep = GREP_CMDLINE.fullmatch(run)
+    arg = shlex.split(grep["arg"])[0] if grep else None
+    return f"the kernel argument {arg}" if arg in args and not t.spec.get("stdout") else ""
+
+
+def check_restated(merged: Merged, explicit: list[Test]) -> None:
+    """Report every layer test that only restates a sysctl value or kernel argument the layer itself
+    contributes: the boot check derived from the contribution verifies it already."""
+    sysctl: dict[str, dict[str, str]] = {}
+    args: dict[str, set[str]] = {}
+    for key, v in merged.table("sysctl").items():
+        sysctl.setdefault(merged.owners.get(("sysctl", key), ""), {})[key] = _words(v.value)
+    for name, v in merged.table("kernel.args").items():
+        args.setdefault(merged.owners.get(("kernel.args", name), ""), set()).add(v.value)
+    for t in explicit:
+        what = _restated(t, sysctl.get(t.layer, {}), args.get(t.layer, set()))
+        if what:
+            RESTATES.report(merged.out, t.file, t.line, f"tests[{t.name!r}]",
+                            f"this test only restates {what}, which layer {t.layer} sets itself: the boot "
+                            "check derived from it verifies that already")
 
 
 def _where(v: Value) -> tuple[str, int | None]:
@@ -109,6 +162,7 @@ def _where(v: Value) -> tuple[str, int | None]:
 def derived_boot_tests(merged: Merged, explicit: list[Test]) -> list[Test]:
     """One boot check per sysctl value and one per layer for its kernel arguments, each unless a
     written test already checks it. Values inherited from a parent image are its parent's to check."""
+    check_restated(merged, explicit)
     have_sysctl, have_args = _covered(explicit)
     tests: list[Test] = []
     for key, v in list(merged.table("sysctl").items()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.trees import NODE_IMAGE
 
 from builder.checks import rootfs
 from builder.checks.registry import CHECKS
@@ -17,14 +18,7 @@ from builder.definitions.load import load_tree
 from builder.errors import DefinitionError
 
 BASE_LAYER = "name: one\nsummary: a layer\nsysctl: {vm.swappiness: 1}\n"
-IMAGE = """name: img
-summary: an image
-kind: node
-version: "1"
-from: {debian: {suite: bookworm}}
-source-date-epoch: 1700000000
-layers: [LAYERS]
-"""
+IMAGE = NODE_IMAGE
 
 # check name -> (extra layer.yaml files, the image's layer list, image text changes)
 FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
@@ -54,6 +48,9 @@ FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
                    "one, a", {}),
     "test/field": ({"a": "name: a\nsummary: s\ntests: [{name: t, service: {name: x.service, active: true}}]\n"},
                    "one, a", {}),
+    "test/restates-contribution": ({"a": "name: a\nsummary: s\nsysctl: {vm.dirty_ratio: 10}\n"
+                                          "tests: [{name: t, sysctl: {key: vm.dirty_ratio, value: 10}}]\n"},
+                                    "one, a", {}),
     "layer/known": ({}, "one, nothing", {}),
     "layer/once": ({}, "one, one", {}),
     "layer/applies-to": ({"a": "name: a\nsummary: s\napplies-to: [container]\n"}, "one, a", {}),
@@ -101,6 +98,38 @@ def test_check_fires_with_its_name(name: str, tmp_path: Path) -> None:
         compose(load_tree(make_tree(tmp_path, layers, listed, changes)), "img")
     assert name in [p.lint for p in e.value.problems], e.value.render()
     assert all(p.remedy for p in e.value.problems if p.lint == name)
+
+
+# a boot test that checks what the derived checks do not: another layer's value, another value, a
+# different question about the key, a kernel argument the layer does not set
+RESTATES_QUIET = (
+    "tests: [{name: t, sysctl: {key: vm.swappiness, value: 1}}]\n",
+    "sysctl: {vm.dirty_ratio: 10}\ntests: [{name: t, sysctl: {key: vm.dirty_ratio, value: 20}}]\n",
+    "sysctl: {vm.dirty_ratio: 10}\ntests: [{name: t, scope: boot, command: {run: sysctl -n vm.dirty_ratio, "
+    "stdout: {matches: '^1'}}}]\n",
+    "kernel: {args: [iommu=pt]}\ntests: [{name: t, cmdline: {contains: [iommu=pt, quiet]}}]\n",
+)
+RESTATES_FIRE = (
+    "sysctl: {vm.dirty_ratio: 10}\ntests: [{name: t, scope: boot, command: {run: sysctl -n vm.dirty_ratio, "
+    "stdout: {equals: '10'}}}]\n",
+    "kernel: {args: [iommu=pt, pcie_aspm=off]}\ntests: [{name: t, cmdline: {contains: [pcie_aspm=off]}}]\n",
+    "kernel: {args: [iommu=pt]}\ntests: [{name: t, scope: boot, command: {run: grep -qw iommu=pt /proc/cmdline}}]\n",
+)
+
+
+@pytest.mark.parametrize("body", RESTATES_QUIET)
+def test_a_boot_test_of_something_not_derived_is_not_a_restatement(body: str, tmp_path: Path) -> None:
+    tree = make_tree(tmp_path, {"a": f"name: a\nsummary: s\n{body}"}, "one, a", {})
+    assert compose(load_tree(tree), "img").tests
+
+
+@pytest.mark.parametrize("body", RESTATES_FIRE)
+def test_a_restated_command_or_cmdline_test_fires(body: str, tmp_path: Path) -> None:
+    tree = make_tree(tmp_path, {"a": f"name: a\nsummary: s\n{body}"}, "one, a", {})
+    with pytest.raises(DefinitionError) as e:
+        compose(load_tree(tree), "img")
+    assert [p.lint for p in e.value.problems] == ["test/restates-contribution"], e.value.render()
+    assert "delete the test" in e.value.problems[0].remedy
 
 
 # --- rootfs checks -------------------------------------------------------------------------------
