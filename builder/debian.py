@@ -1,6 +1,10 @@
-"""Debian knowledge shared by the stages: package names, the package database, apt's install line."""
+"""Debian knowledge shared by the stages: package names, the package database, apt's install line,
+and the bootstrap recipe (mmdebstrap's options, the host files dropped, the engine import's changes)
+that the base key digests, the bootstrap runs and `render` writes out."""
 
 from __future__ import annotations
+
+from typing import Any
 
 PKG_PATTERN = r"[a-z0-9][a-z0-9+.-]+"  # a Debian package name
 APT_INSTALL = ("apt-get install -y -q --no-install-recommends "
@@ -9,6 +13,31 @@ APT_INSTALL = ("apt-get install -y -q --no-install-recommends "
 
 # what apt and dpkg read while they install: written in the package phase, before any install
 PACKAGE_CONFIG_DIRS = ("/etc/apt/", "/etc/dpkg/", "/usr/share/keyrings/", "/etc/debconf.conf")
+
+
+# the bootstrap recipe: one place, digested into the base key (recipe), run by engine.bootstrap
+MMDEBSTRAP_OPTIONS = ("--aptopt=Acquire::Retries \"5\"", "--dpkgopt=force-unsafe-io")
+# mmdebstrap copies the build host's resolv.conf and hostname in (for debootstrap's sake) and leaves
+# them: the base layer would then differ from host to host. The engine mounts its own into every
+# container; a node gets its name and resolvers from DHCP or the site.
+DROP_HOST_FILES = 'rm -f "$1/etc/resolv.conf" "$1/etc/hostname"'
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMPORT_CHANGES = (f"ENV PATH={PATH}", 'CMD ["/bin/bash"]')  # `docker import --change`, one each
+
+
+def mmdebstrap_command(debian: dict[str, Any], out: str) -> list[str]:
+    """The mmdebstrap command line that writes the base of `debian` (an image's from.debian) to out."""
+    cmd = ["mmdebstrap", f"--variant={debian['variant']}", f"--components={','.join(debian['components'])}",
+           *MMDEBSTRAP_OPTIONS, f"--customize-hook={DROP_HOST_FILES}"]
+    if debian["include"]:
+        cmd.append(f"--include={','.join(debian['include'])}")
+    return [*cmd, debian["suite"], out, debian["mirror"]]
+
+
+def recipe(debian: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """The whole bootstrap as data, for the base key: what is run, with what, and how it is imported."""
+    return {"bootstrap": mmdebstrap_command(debian, "OUT"), "changes": list(IMPORT_CHANGES),
+            "debian": debian, "epoch": epoch}
 
 
 def file_phase(path: str) -> str:

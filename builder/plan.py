@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 PLAN_FORMAT = 1
+
+# The node output formats (outputs.formats; all of them by default), in the order of the outputs
+# table, builder/node/outputs.py, which has one entry for each.
+FORMATS: tuple[str, ...] = ("raw", "qcow2", "netboot")
 
 
 def digest(obj: Any) -> str:
@@ -119,6 +124,12 @@ class BuildPlan:
         if self.steps:
             return self.steps[-1].key
         return self.install.key if self.install else self.base.key
+
+    @property
+    def build_command(self) -> str:
+        """The command that builds this plan: its image with the config and --set values it was composed with."""
+        words = ["nodeforge", "build", f"images/{self.image}.yaml", *(["-c", self.config] if self.config else [])]
+        return shlex.join([*words, *(w for s in self.sets for w in ("--set", s))])
 
     @property
     def cmdline(self) -> str:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
+from .definitions.load import Tree
 from .engine import client as engine
-from .errors import BuildFailed, EnvironmentProblem
+from .errors import BuildFailed, EnvironmentProblem, UsageError
 
 _DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 RETRY_DELAYS = (1.0, 3.0)  # seconds before the second and the third attempt of one push
@@ -25,6 +26,15 @@ class Pushed:
     @property
     def by_digest(self) -> str:
         return f"{self.tag.rpartition(':')[0]}@{self.digest}"
+
+
+def registry_for(tree: Tree, config_ref: str | None, given: str | None) -> str:
+    """The registry to push to: --registry, else the config's site.registry; UsageError for neither."""
+    config = tree.config(config_ref)  # a config that is not there is an error either way
+    registry = given or ((config.data.get("site") or {}).get("registry") if config else None)
+    if not registry:
+        raise UsageError("no registry: give --registry HOST:PORT or set site.registry in the config")
+    return str(registry)
 
 
 def remote_ref(registry: str, tag: str) -> str:

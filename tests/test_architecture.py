@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "builder"
 RANKS: list[set[str]] = [
     {"__main__"},
     {"cli"},
-    {"repro"},
+    {"commands"},  # the command table and its runners: every stage below is reachable from here
+    {"repro"},  # the reproducibility comparison: builds twice, compares (OCI layouts from export)
     {"export"},
     {"pipeline", "verify", "publish", "diff"},
     {"manifest", "mirror"},

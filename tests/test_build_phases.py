@@ -4,14 +4,13 @@ initramfs; a module option regenerates the initramfs, and the booted node sees t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
 
 from builder.compose import compose
-from builder.compose.phases import INSTALL_LAYER
-from builder.definitions.load import load_tree
+from builder.compose.params import Override, Overrides
+from builder.definitions.load import PACKAGE_PHASE, load_tree
 from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
 from builder.verify import boot
@@ -72,7 +71,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-def build(tree: Path, *sets: tuple[str, str, Any]) -> BuildResult:
+def build(tree: Path, *sets: Override) -> BuildResult:
     builder = Builder(load_tree(tree), "default", list(sets), Progress(), formats=["qcow2"])
     return builder.build(["phase-node"])[-1]
 
@@ -81,7 +80,7 @@ def status(result: BuildResult) -> dict[str, str]:
     return {s.layer: s.status for s in result.steps}
 
 
-def forget(c: docker.DockerClient, tree: Path, sets: list[tuple[str, str, Any]], steps_from: str | None) -> None:
+def forget(c: docker.DockerClient, tree: Path, sets: Overrides, steps_from: str | None) -> None:
     """Remove what an earlier run left in the engine of a variant: its final initramfs step, and its
     config steps from steps_from on (never the package step), so this run sees them built."""
     from builder.compose.phases import engine_steps
@@ -102,13 +101,13 @@ def forget(c: docker.DockerClient, tree: Path, sets: list[tuple[str, str, Any]],
 
 @pytest.fixture(scope="module")
 def builds(tree: Path, docker_client: docker.DockerClient) -> dict[str, BuildResult]:
-    first: list[tuple[str, str, Any]] = [("loop-options", "max_loop", 8)]
+    first: Overrides = [Override("loop-options", "max_loop", 8)]
     forget(docker_client, tree, first, None)  # so this tree's initramfs cache gets its entry
     results = {"first": build(tree, *first)}
-    edited = [*first, ("sysctl", "swappiness", 7)]  # steps only this test builds
+    edited = [*first, Override("sysctl", "swappiness", 7)]  # steps only this test builds
     forget(docker_client, tree, edited, "sysctl")
     results["sysctl"] = build(tree, *edited)
-    option: list[tuple[str, str, Any]] = [("loop-options", "max_loop", 16)]
+    option: Overrides = [Override("loop-options", "max_loop", 16)]
     forget(docker_client, tree, option, None)
     results["modprobe"] = build(tree, *option)
     return results
@@ -119,7 +118,7 @@ def test_a_sysctl_value_rebuilds_no_package_step_and_keeps_the_initramfs(builds:
     assert edited.plan.install is not None and first.plan.install is not None
     assert edited.plan.install.key == first.plan.install.key
     steps = status(edited)
-    assert steps[INSTALL_LAYER] == "cached", steps
+    assert steps[PACKAGE_PHASE] == "cached", steps
     assert all(steps[layer] == "cached" for layer in ("base", "kernel")), steps
     assert steps["sysctl"] == "built", steps  # the edited layer and those after it, cheaply
     assert first.initramfs is not None and edited.initramfs is not None
@@ -130,7 +129,7 @@ def test_a_sysctl_value_rebuilds_no_package_step_and_keeps_the_initramfs(builds:
 def test_a_module_option_regenerates_the_initramfs_and_the_node_boots_with_it(
         builds: dict[str, BuildResult], tree: Path, docker_client: docker.DockerClient) -> None:
     first, changed = builds["first"], builds["modprobe"]
-    assert status(changed)[INSTALL_LAYER] == "cached"
+    assert status(changed)[PACKAGE_PHASE] == "cached"
     assert changed.initramfs is not None and first.initramfs is not None
     assert changed.initramfs.key != first.initramfs.key and changed.initramfs.status == "built"
     # the option is inside the new initramfs
@@ -140,7 +139,7 @@ def test_a_module_option_regenerates_the_initramfs_and_the_node_boots_with_it(
     assert "options loop max_loop=16" in out, out
     # and the booted node has it
     assert changed.node is not None
-    plan = compose(load_tree(tree), "phase-node", "default", [("loop-options", "max_loop", 16)])
+    plan = compose(load_tree(tree), "phase-node", "default", [Override("loop-options", "max_loop", 16)])
     tests = [t for t in plan.tests if t.scope == "boot" and t.layer == "loop-options"]
     assert tests
     outcome = boot.boot(changed.node, "direct", tree / "phase-node-boot.log", tests=tests)

@@ -405,6 +405,7 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
 
     class Plan:
         image = "full"
+        config = None
         install = None
         outputs: ClassVar[dict[str, object]] = {"formats": ["raw"]}
 
@@ -425,17 +426,19 @@ def test_disk_full_during_assembly_leaves_no_partial_output(tmp_path: Path, monk
     assert not out.exists() and list(out.parent.iterdir()) == []
 
     from builder import cli
+    from builder.commands import definitions
 
     def command(args: object) -> int:
         raise e.value
 
-    monkeypatch.setattr(cli, "cmd_validate", command)
+    monkeypatch.setattr(definitions, "validate", command)
     assert cli.main(["validate"]) == 1
 
 
 def test_interrupt_exits_cleanly_and_removes_what_this_process_created(monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from builder import cli
+    from builder.commands import definitions
     from builder.engine import client
 
     removed: list[bool] = []
@@ -449,7 +452,7 @@ def test_interrupt_exits_cleanly_and_removes_what_this_process_created(monkeypat
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_validate", interrupted)
+    monkeypatch.setattr(definitions, "validate", interrupted)
     assert cli.main(["validate"]) == 2
     assert removed == [True]
     assert "interrupted; removed containers abc123" in capsys.readouterr().err

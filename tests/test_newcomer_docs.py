@@ -1,6 +1,7 @@
 """The README as a newcomer reads it: the "Your first layer" walk-through runs as written (its files
 written into a copy of the project, its commands run in order), and the command list shows every
-flag each command takes (checked against the argument parser)."""
+flag each command takes (checked against the argument parser) and is the one the command table
+generates."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import docker
 
 from builder.cli import parser
+from builder.commands.table import readme_block
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -123,3 +125,9 @@ def test_the_flag_check_fires_on_a_missing_flag() -> None:
     documented = command_list()
     assert "--locked" in documented["build"]
     assert not re.search(r"(?<![\w-])--unknown-flag(?![\w-])", documented["build"])
+
+
+def test_the_command_list_is_generated_from_the_command_table() -> None:
+    block = README.split("## Command line", 1)[1].split("```", 2)[1]
+    assert block.lstrip("\n") == readme_block(), ("README's command list differs from the command table; "
+                                                  "paste builder.commands.table.readme_block() into it")

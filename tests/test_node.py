@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from builder.node import assemble
+from builder.errors import EnvironmentProblem
+from builder.node import assemble, outputs
 from builder.node.assemble import NodeArtifacts
 from builder.pipeline import BuildResult
 from builder.progress import Progress
@@ -36,6 +37,8 @@ def _sfdisk(disk: Path) -> dict[str, Any]:
 def test_node_image_gives_raw_qcow2_and_netboot_artifacts(built_node_minimal: BuildResult) -> None:
     art = node_of(built_node_minimal)
     assert art is not None
+    # the default makes every format of the outputs table
+    assert set(art.files) == {*outputs.KERNEL, *(role for o in outputs.OUTPUTS.values() for role in o.files)}
     assert set(art.files) == {"raw", "qcow2", "kernel", "initrd", "rootfs", "ipxe"}
     for role in art.files:
         assert art.path(role).stat().st_size > 0, role
@@ -104,6 +107,24 @@ def test_unchanged_node_image_is_not_reassembled(built_node_minimal: BuildResult
     assert node_of(again).cached and node_of(again).key == node_of(built_node_minimal).key
     assert any("assemble" in x and "cached" in x for x in lines)
     assert node_of(again).path("raw").stat().st_mtime_ns == before
+
+
+def test_netboot_alone_makes_no_disk_and_the_same_root_archive(built_node_minimal: BuildResult,
+                                                               scratch_tree: Path) -> None:
+    """Only the makers of the formats asked for run: no disk is made for a netboot-only node, and
+    its root archive is the one a build of every format makes; a disk boot is refused with the
+    formats that would do."""
+    from builder.definitions.load import load_tree
+    from builder.pipeline import Builder
+
+    (result,) = Builder(load_tree(scratch_tree), "default", [], Progress(), formats=["netboot"]).build(
+        ["node-minimal"])[-1:]
+    art = node_of(result)
+    assert set(art.files) == {"kernel", "initrd", "rootfs", "ipxe"}
+    assert not list(Path(art.dir).glob("disk.*"))
+    assert art.sha256["rootfs.tar.gz"] == node_of(built_node_minimal).sha256["rootfs.tar.gz"]
+    with pytest.raises(EnvironmentProblem, match=r"add raw or qcow2 to outputs\.formats"):
+        boot.qemu_command(art, "bios", "tcg", scratch_tree)
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,7 @@ def isolated_build(tree: Path, side: str, tmp: Path) -> None:
 
 
 def remove_namespace(c: docker.DockerClient, side: str) -> None:
-    from builder.export.twice import remove_namespaces
+    from builder.repro.twice import remove_namespaces
 
     remove_namespaces(c, [f"ocitest{os.getpid()}-{side}"])
 
@@ -226,7 +226,7 @@ def layout_of(tmp: Path, side: str, stamp: bytes) -> tuple[Path, str]:
 
 
 def test_a_layout_passes_skopeo_and_a_differing_layer_is_named(tmp_path: Path) -> None:
-    from builder.export import compare
+    from builder.repro import compare
 
     a, da = layout_of(tmp_path, "a", b"17:00:00\n")
     same, dsame = layout_of(tmp_path, "same", b"17:00:00\n")

@@ -77,5 +77,5 @@ def test_the_same_definitions_build_identical_images(docker_client: docker.Docke
 
 def test_an_unknown_image_is_a_usage_error(repro_tree: Path) -> None:
     proc = repro(repro_tree, "no-such-image")
-    assert proc.returncode == 2 and "no image 'no-such-image'" in proc.stderr
+    assert proc.returncode == 2 and "no-such-image: no such image" in proc.stderr
 

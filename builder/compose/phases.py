@@ -27,7 +27,6 @@ from ..debian import APT_INSTALL
 from ..definitions.load import PACKAGE_PHASE
 from ..plan import BuildPlan, LayerStep, digest
 
-INSTALL_LAYER = PACKAGE_PHASE  # the name the package phase's step goes by in progress lines and state
 DIVERTED = "/usr/sbin/update-initramfs"
 DIVERT_TO = "/usr/sbin/update-initramfs.nodeforge"
 
@@ -96,7 +95,7 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
         inputs = {"parent": base_key, "phase": "packages", "script": script,
                   "layers": [{"layer": s.layer, "files": _file_entries(s, "packages"), **extra}
                              for s, extra in steps]}
-        install = LayerStep(INSTALL_LAYER, "one apt transaction for every layer, before any layer's files",
+        install = LayerStep(PACKAGE_PHASE, "one apt transaction for every layer, before any layer's files",
                             digest(inputs), files, script, (), tuple(_pinned(layers)), all(s.locked for s in layers),
                             tuple(w for s in layers for w in s.wheels))
         parent = install.key

@@ -4,6 +4,7 @@ These tables drive validation, defaults and the reference printed by `nodeforge 
 
 from __future__ import annotations
 
+from ..plan import FORMATS
 from . import grammar as g
 from .guard import Guarded
 from .spec import AnyValue, Bool, Enum, Field, Int, ListOf, MapOf, Scalar, Str, Struct
@@ -13,6 +14,7 @@ NAME, IDENT, PKG, ABS_PATH, MODE = g.NAME, g.IDENT, g.PKG, g.PATH, g.MODE
 ENV_NAME, LABEL_KEY, MODULE, UNIT, LINE = g.ENV_NAME, g.LABEL_KEY, g.MODULE, g.UNIT, g.LINE
 REQUIREMENT = Enum(("gpu", "kvm", "network"))
 SCOPE = Enum(("image", "container", "boot"))
+FORMAT = Enum(FORMATS)  # a node output format: builder.node.outputs has an entry for each
 
 MATCHER = Struct({
     "contains": Field(ListOf(g.TEXT), "every one of these strings must appear", default=[]),
@@ -260,10 +262,9 @@ IMAGE = Struct({
     "outputs": Field(Struct({
         "tags": Field(ListOf(g.TAG, unique=True),
                       "engine tags", default=[]),
-        "formats": Field(ListOf(Enum(("raw", "qcow2", "netboot")), unique=True), "node outputs",
-                         default=["raw", "qcow2", "netboot"]),
+        "formats": Field(ListOf(FORMAT, unique=True), "node outputs", default=list(FORMATS)),
         "disk-size-mib": Field(Int(256, 1 << 20), "disk size; computed from content when unset", default=None),
-    }), "what to produce", default={"tags": [], "formats": ["raw", "qcow2", "netboot"], "disk-size-mib": None}),
+    }), "what to produce", default={"tags": [], "formats": list(FORMATS), "disk-size-mib": None}),
     "env": Field(MapOf(ENV_NAME, Scalar()), "image environment", default={}),
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
     "user": Field(Str(r"[a-z_][a-z0-9_-]*|[0-9]+", "a user name or uid"),

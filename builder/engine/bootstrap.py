@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -15,19 +16,16 @@ from pathlib import Path
 
 import docker
 
+from .. import debian
 from ..errors import BuildFailed, EnvironmentProblem, UsageError
 from ..paths import base_repo
 from ..plan import Base
 from ..progress import Progress, Timer
 from .client import image_exists
 
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CHANGES = [f"ENV PATH={PATH}", 'CMD ["/bin/bash"]']
+PATH = debian.PATH
+CHANGES = list(debian.IMPORT_CHANGES)
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
-# mmdebstrap copies the build host's resolv.conf and hostname in (for debootstrap's sake) and leaves
-# them: the base layer would then differ from host to host. The engine mounts its own into every
-# container; a node gets its name and resolvers from DHCP or the site.
-DROP_HOST_FILES = 'rm -f "$1/etc/resolv.conf" "$1/etc/hostname"'
 
 
 def cache_dir() -> Path:
@@ -42,12 +40,16 @@ def base_ref(base: Base) -> str:
 
 def mmdebstrap_command(base: Base, out: Path) -> list[str]:
     assert base.debian is not None
-    deb = base.debian
-    cmd = ["mmdebstrap", f"--variant={deb['variant']}", f"--components={','.join(deb['components'])}",
-           "--aptopt=Acquire::Retries \"5\"", "--dpkgopt=force-unsafe-io", f"--customize-hook={DROP_HOST_FILES}"]
-    if deb["include"]:
-        cmd.append(f"--include={','.join(deb['include'])}")
-    return [*cmd, deb["suite"], str(out), deb["mirror"]]
+    return debian.mmdebstrap_command(base.debian, str(out))
+
+
+def recreate_script(base: Base) -> str:
+    """A shell script that recreates the base (bit-identical with the same SOURCE_DATE_EPOCH) and imports
+    it as the engine does: `render` writes it next to the Dockerfile."""
+    changes = " ".join(f"--change {shlex.quote(c)}" for c in debian.IMPORT_CHANGES)
+    return ("#!/bin/sh\n# Recreates this image's base (bit-identical with the same SOURCE_DATE_EPOCH)\nset -e\n"
+            f"SOURCE_DATE_EPOCH={base.epoch} {shlex.join(mmdebstrap_command(base, Path('base.tar')))}\n"
+            f"docker import {changes} base.tar {shlex.quote(base_ref(base))}\n")
 
 
 def tarball(base: Base, progress: Progress, image: str) -> Path:

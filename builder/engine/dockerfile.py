@@ -9,8 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..compose.phases import INSTALL_LAYER, engine_steps, standalone_install
+from ..compose.phases import engine_steps, standalone_install
 from ..definitions import destination
+from ..definitions.load import PACKAGE_PHASE
 from ..definitions.quoting import dockerfile_comment, dockerfile_json, dockerfile_word
 from ..errors import NodeforgeError
 from ..plan import BuildPlan, ContextFile, LayerStep
@@ -32,7 +33,7 @@ def _files(step: LayerStep) -> list[ContextFile]:
 def fragment(step: LayerStep, prefix: str, epoch: int | None = None) -> str:
     """One engine step. Its scripts run with SOURCE_DATE_EPOCH (the image's), so that tools which
     stamp times (useradd, initramfs-tools, ...) stamp that one."""
-    title = "package phase" if step.layer == INSTALL_LAYER else f"layer {step.layer}"
+    title = "package phase" if step.layer == PACKAGE_PHASE else f"layer {step.layer}"
     lines = [dockerfile_comment(f"{title}: {step.summary}"), f"# key {step.key}"]
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")

@@ -10,6 +10,11 @@ from pathlib import Path
 from ..lockfile import redact_url
 from ..plan import BuildPlan
 
+KEY_LABEL = "io.nodeforge.key"  # the plan key the image was built from
+CONFIG_LABEL = "io.nodeforge.config"  # with SETS_LABEL: the flags that recompose that plan
+SETS_LABEL = "io.nodeforge.sets"  # the --set arguments, a JSON list
+ROLE_LABEL = "io.nodeforge.role"  # on a throwaway container: what it is for (export, assembly, lock, mirror, ...)
+
 
 def git_revision(root: Path) -> str:
     try:
@@ -46,8 +51,8 @@ def oci_labels(plan: BuildPlan, root: Path, base_name: str, base_digest: str) ->
         "org.opencontainers.image.base.digest": base_digest,
         "io.nodeforge.image": plan.image,
         "io.nodeforge.kind": plan.kind,
-        "io.nodeforge.config": plan.config or "",
-        "io.nodeforge.sets": json.dumps(list(plan.sets)),  # with the config: the flags that recompose this plan
-        "io.nodeforge.key": plan.key,
+        CONFIG_LABEL: plan.config or "",
+        SETS_LABEL: json.dumps(list(plan.sets)),
+        KEY_LABEL: plan.key,
         "io.nodeforge.layers": json.dumps(layers, separators=(",", ":")),
     }

@@ -25,14 +25,11 @@ import docker
 import docker.errors
 
 from ..compose.image import compose
-from ..compose.params import parse_sets
+from ..compose.params import Overrides, parse_sets
 from ..definitions.load import Tree
 from ..errors import NodeforgeError, UsageError
 from ..plan import BuildPlan
-
-KEY_LABEL = "io.nodeforge.key"
-CONFIG_LABEL = "io.nodeforge.config"
-SETS_LABEL = "io.nodeforge.sets"
+from .labels import CONFIG_LABEL, KEY_LABEL, SETS_LABEL
 
 
 @dataclass(frozen=True)
@@ -77,9 +74,9 @@ def _flag_text(flags: list[str]) -> str:
     return shlex.join(flags) if flags else "no -c/--set"
 
 
-def built_plan(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[str, str, Any]], command: str,
+def built_plan(tree: Tree, image_ref: str, config: str | None, sets: Overrides, command: str,
                labels_of: Callable[[str], dict[str, str] | None]) -> tuple[BuildPlan, str | None,
-                                                                          list[tuple[str, str, Any]]]:
+                                                                          Overrides]:
     """(plan, config, sets) that describe the image built under the plan's first tag; `labels_of`
     reads an image's labels (None: no such image, and the plan from the flags is returned).
     `command` names the command in messages."""
@@ -91,7 +88,7 @@ def built_plan(tree: Tree, image_ref: str, config: str | None, sets: list[tuple[
     given = (["-c", config] if config else []) + [a for s in plan.sets for a in ("--set", s)]
     tag = plan.tags[0]
     if not given:
-        rec_sets: list[tuple[str, str, Any]] = []
+        rec_sets: Overrides = []
         try:
             rec_sets = parse_sets(list(rec.sets))
             again: BuildPlan | None = compose(tree, image_ref, rec.config, rec_sets)

@@ -18,6 +18,7 @@ from ..lockfile import Lock, wheel_name
 from ..plan import BuildPlan
 from ..progress import Progress, Timer
 from .client import END_MARK, finished_output
+from .labels import ROLE_LABEL
 from .trust import extra_ca
 
 _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)")
@@ -66,7 +67,7 @@ def repo_files(plan: BuildPlan) -> bytes:
 
 def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Progress) -> Lock:
     with Timer() as t:
-        container = c.containers.create(base_ref, ["bash", "-c", _script(plan)], labels={"io.nodeforge.role": "lock"})
+        container = c.containers.create(base_ref, ["bash", "-c", _script(plan)], labels={ROLE_LABEL: "lock"})
         try:
             container.put_archive("/", repo_files(plan))
             container.start()
@@ -145,7 +146,7 @@ def resolve_wheels(c: docker.DockerClient, plan: BuildPlan, base_ref: str,
     script = resources.text("wheel-resolve.sh")
     with Timer() as t:
         container = c.containers.create(base_ref, ["bash", "-c", script], entrypoint=[], user="root",
-                                        labels={"io.nodeforge.role": "lock"})
+                                        labels={ROLE_LABEL: "lock"})
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:

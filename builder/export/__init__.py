@@ -1,1 +1,2 @@
-"""Exports of a build to other tools (Packer, normalised OCI layouts) and the comparison of two builds."""
+"""Exports of a build to other tools: a Packer template and normalised OCI layouts (the
+reproducibility comparison lives in builder/repro/)."""

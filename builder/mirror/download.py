@@ -16,6 +16,7 @@ from pathlib import Path
 import docker
 
 from .. import lockfile
+from ..engine.labels import ROLE_LABEL
 from ..engine.resolve import repo_files
 from ..engine.trust import extra_ca
 from ..errors import BuildFailed, UsageError
@@ -39,7 +40,7 @@ def debs(c: docker.DockerClient, base_ref: str, plans: list[BuildPlan], wanted: 
          remedy: str) -> list[Path]:
     """name=version -> a .deb each, into dest; exit 2 naming the versions the archive no longer has."""
     container = c.containers.create(base_ref, ["bash", "-c", _script(wanted)], entrypoint=[], user="root",
-                                    labels={"io.nodeforge.role": "mirror"})
+                                    labels={ROLE_LABEL: "mirror"})
     try:
         for plan in plans:
             container.put_archive("/", repo_files(plan))

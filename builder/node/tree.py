@@ -22,6 +22,7 @@ import docker
 import docker.errors
 
 from ..engine import cancel
+from ..engine.labels import ROLE_LABEL
 from ..errors import BuildFailed
 
 MOUNT_OPTIONS_MAX = 3800  # the kernel takes a page of mount options
@@ -71,7 +72,7 @@ def _unmount(target: Path) -> None:
 def export(c: docker.DockerClient, ref: str, dest: Path) -> None:
     """The file system through the engine API, unpacked with owners, modes and extended attributes."""
     dest.mkdir(parents=True)
-    container = c.api.create_container(ref, command=["/bin/true"], labels={"io.nodeforge.role": "export"})
+    container = c.api.create_container(ref, command=["/bin/true"], labels={ROLE_LABEL: "export"})
     try:
         tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "--xattrs", "--xattrs-include=*",
                                 "-C", str(dest)], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -96,7 +97,7 @@ def image_tree(c: docker.DockerClient, ref: str, work: Path) -> Iterator[tuple[P
     dirs = layer_dirs(info)
     if dirs and _mountable(dirs, work):
         holder = c.api.create_container(info["Id"], command=["/bin/true"],
-                                        labels={"io.nodeforge.role": "assembly"})
+                                        labels={ROLE_LABEL: "assembly"})
         try:
             with cancel.scratch(target, "mount"):  # unmounted by the CLI if this thread is stopped in it
                 if _mount(dirs, work, target):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.export import compare, cpio
+from builder.repro import compare, cpio
 
 
 def newc(files: dict[str, bytes], mtime: int = 1735689600) -> bytes:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.export import compare
+from builder.repro import compare
 
 TOOLS = ("sfdisk", "mkfs.ext4", "mkfs.vfat", "mcopy", "debugfs")
 MIB = 1 << 20

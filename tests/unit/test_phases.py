@@ -4,20 +4,20 @@ files and scripts, then the initramfs keyed on exactly its inputs. Pure composit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from builder.compose import compose
-from builder.compose.phases import DIVERTED, INSTALL_LAYER, engine_steps, standalone_install
-from builder.definitions.load import load_tree
+from builder.compose.params import Override
+from builder.compose.phases import DIVERTED, engine_steps, standalone_install
+from builder.definitions.load import PACKAGE_PHASE, load_tree
 from builder.engine.initramfs import inputs_key
 from builder.plan import BuildPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def plan(*sets: tuple[str, str, Any], image: str = "node-minimal") -> BuildPlan:
+def plan(*sets: Override, image: str = "node-minimal") -> BuildPlan:
     return compose(load_tree(ROOT), image, "default", list(sets))
 
 
@@ -28,7 +28,7 @@ def keys(p: BuildPlan) -> dict[str, str]:
 def test_every_layer_s_packages_install_in_one_step_before_any_layer_s_files() -> None:
     p = plan()
     steps = engine_steps(p)
-    assert steps[0].layer == INSTALL_LAYER and p.install is not None
+    assert steps[0].layer == PACKAGE_PHASE and p.install is not None
     script = p.install.apply
     assert script.count("apt-get update") == 1 and script.count("apt-get install") == 1
     for package in ("linux-image-amd64", "prometheus-node-exporter", "ca-certificates"):
@@ -48,23 +48,23 @@ def test_a_node_image_defers_the_initramfs_while_packages_install() -> None:
 
 
 def test_a_value_edit_keeps_the_package_step_and_the_initramfs() -> None:
-    before, after = plan(), plan(("sysctl", "swappiness", 7))
+    before, after = plan(), plan(Override("sysctl", "swappiness", 7))
     a, b = keys(before), keys(after)
-    assert a[INSTALL_LAYER] == b[INSTALL_LAYER]
+    assert a[PACKAGE_PHASE] == b[PACKAGE_PHASE]
     assert a["base"] == b["base"] and a["kernel"] == b["kernel"]
     assert a["sysctl"] != b["sysctl"] and a["monitoring"] != b["monitoring"]  # after it: re-applied, cheaply
     assert inputs_key(before) == inputs_key(after)
 
 
 def test_a_module_option_changes_the_initramfs_but_not_the_packages() -> None:
-    before, after = plan(), plan(("kernel-args", "blacklist_nouveau", False))
-    assert keys(before)[INSTALL_LAYER] == keys(after)[INSTALL_LAYER]
+    before, after = plan(), plan(Override("kernel-args", "blacklist_nouveau", False))
+    assert keys(before)[PACKAGE_PHASE] == keys(after)[PACKAGE_PHASE]
     assert inputs_key(before) != inputs_key(after)
 
 
 def test_a_package_change_changes_the_package_step_and_the_initramfs() -> None:
-    before, after = plan(), plan(("base", "tools", ["procps", "kmod", "pciutils", "iproute2", "less"]))
-    assert keys(before)[INSTALL_LAYER] != keys(after)[INSTALL_LAYER]
+    before, after = plan(), plan(Override("base", "tools", ["procps", "kmod", "pciutils", "iproute2", "less"]))
+    assert keys(before)[PACKAGE_PHASE] != keys(after)[PACKAGE_PHASE]
     assert inputs_key(before) != inputs_key(after)
 
 

@@ -16,12 +16,13 @@ from typing import Any
 import docker
 import docker.errors
 
-from ..compose.image import compose
+from ..compose.image import compose, output_name
 from ..definitions.load import Tree
 from ..engine import client as engine
 from ..errors import EXIT_FAIL, EXIT_OK, BuildFailed
+from ..export import oci
 from ..paths import BASE_REPO, BUILD_DIR_VARIABLE, CACHE_REPO, NAMESPACE_VARIABLE
-from . import compare, oci
+from . import compare
 
 SIDES = ("a", "b")
 
@@ -100,7 +101,7 @@ def _compare(c: docker.DockerClient, work: Path, plan: Any, ids: list[str], diff
         lines += ["OCI image differs:", *("  " + line for line in compare.compare_layouts(
             work / "oci-a", work / "oci-b", diffoscope=diffoscope))]
     if plan.kind == "node":
-        outs = [work / f"build-{side}" / "images" / plan.image for side in SIDES]
+        outs = [work / f"build-{side}" / "images" / output_name(plan) for side in SIDES]
         if all(o.is_dir() for o in outs):
             lines += compare.compare_dirs(outs[0], outs[1], diffoscope=diffoscope)
         else:

@@ -1,0 +1,108 @@
+"""build, lock and mirror: the commands that resolve and build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import lockfile
+from ..compose.pairs import owners
+from ..errors import UsageError
+from ..mirror.gather import mirror as gather
+from ..node.signing import load_secrets
+from ..pipeline import Builder, check_locks
+from ..plan import FORMATS
+from ..progress import Progress
+from .invocation import Invocation
+
+
+def formats(value: str | None) -> list[str] | None:
+    """--format: the node outputs of this build only (None: the image's outputs.formats)."""
+    if value is None:
+        return None
+    chosen = list(dict.fromkeys(f.strip() for f in value.split(",") if f.strip()))
+    if not chosen or not set(chosen) <= set(FORMATS):
+        raise UsageError(f"--format: expected a comma-separated list of {', '.join(FORMATS)}; found {value!r}")
+    return chosen
+
+
+def offline_mirror(offline: bool, mirror: str | None) -> Path | None:
+    """The mirror directory of an offline build (None for a build with the network); exit 2 for
+    --offline without --mirror and the other way round."""
+    if offline and not mirror:
+        raise UsageError("--offline needs --mirror DIR: a directory made by `nodeforge mirror IMAGE... DIR`")
+    if mirror and not offline:
+        raise UsageError("--mirror DIR is for offline builds: add --offline")
+    return Path(mirror) if mirror else None
+
+
+def build(inv: Invocation) -> int:
+    a = inv.args
+    secrets = load_secrets(a.secret or [])  # checked before anything is built, before the tree is read
+    tree = inv.tree
+    with Progress(quiet=a.quiet, live=True) as progress:  # live status on a terminal, plain lines in logs
+        builder = Builder(tree, inv.config, inv.sets, progress, locked=a.locked, secrets=secrets,
+                          formats=formats(a.format), mirror=offline_mirror(a.offline, a.mirror))
+        results = builder.build(a.images, jobs=a.jobs)
+    print("images:")
+    for r in results:
+        print(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")
+        if r.node:
+            for role in r.node.files:
+                path = r.node.path(role)
+                print(f"    {role:<8} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def lock(inv: Invocation) -> int:
+    if inv.args.all:
+        if inv.args.image or inv.config:
+            raise UsageError("lock --all: every image and config of the tree; give no IMAGE and no -c")
+        return lock_check_all(inv) if inv.args.check else lock_all(inv)
+    if not inv.args.image:
+        raise UsageError("lock: give an IMAGE (with -c CONFIG for a config's lock), or --all")
+    tree = inv.tree
+    name = inv.image_name()
+    current, fresh = Builder(tree, inv.config, inv.sets, Progress()).resolve_lock(name)
+    changes = lockfile.diff(current, fresh)
+    if inv.args.check:
+        if changes:  # per package: old -> new version, and whether the new one is a security update
+            print("\n".join(lockfile.drift(current, fresh)))
+            return 1
+        print(f"{name}: lock is current")
+        return 0
+    path = lockfile.write(tree.root, fresh)
+    print("\n".join(changes) if changes else "no changes")
+    print(f"wrote {path.relative_to(tree.root)}")
+    return 0
+
+
+def lock_all(inv: Invocation) -> int:
+    """One lock file per (image, config) pair that owns one (compose.pairs.owners), each resolved afresh."""
+    for name, pair in owners(inv.tree).items():
+        current, fresh = Builder(inv.tree, pair.config, inv.sets, Progress()).resolve_lock(pair.image)
+        changes = lockfile.diff(current, fresh)
+        path = lockfile.write(inv.tree.root, fresh)
+        print(f"{name}: {len(changes)} change(s); wrote {path.relative_to(inv.tree.root)}" if changes
+              else f"{name}: no changes")
+    return 0
+
+
+def lock_check_all(inv: Invocation) -> int:
+    drifted = False
+    for name, lines in check_locks(inv.tree, Progress(), inv.sets).items():
+        drifted |= bool(lines)
+        print("\n".join([f"{name}: lock is not current", *lines]) if lines else f"{name}: lock is current")
+    return 1 if drifted else 0
+
+
+def mirror(inv: Invocation) -> int:
+    images, target = inv.args.images[:-1], inv.args.images[-1]
+    if not images:
+        raise UsageError("mirror: give one or more images and then the directory: nodeforge mirror IMAGE... DIR")
+    with Progress(quiet=inv.args.quiet) as progress:
+        index = gather(inv.tree, images, inv.config, inv.sets, Path(target), progress)
+    debs = sum(1 for v in index.packages.values() for e in v.values() if "file" in e)
+    print(f"{target}: {debs} packages, {sum(len(v) for v in index.wheels.values())} wheels, "
+          f"{len(index.bases)} base(s) for {', '.join(sorted(index.images))}; build with: nodeforge build --offline "
+          f"--mirror {target} IMAGE")
+    return 0
