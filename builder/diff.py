@@ -21,7 +21,7 @@ from .engine.client import SESSION_LABEL
 from .engine.recorded import recorded
 from .errors import EnvironmentProblem, UsageError
 from .escaping import for_markdown_text, for_terminal
-from .manifest import compare
+from .manifest import compare, history
 from .manifest import document as manifest
 
 # churn that says nothing about what a node runs
@@ -188,6 +188,19 @@ def diff_manifests(path_a: str, path_b: str, fmt: str = "text") -> tuple[list[st
     if fmt == "markdown":
         return compare.markdown_for(path_a, path_b, a, b), compare.changed(sections)
     return compare.text(compare.describe(path_a, a), compare.describe(path_b, b), sections), compare.changed(sections)
+
+
+def diff_previous(image_dir: Path, fmt: str = "text") -> tuple[list[str], bool]:
+    """`nodeforge diff IMAGE --previous`: the image's manifest against the one of the build before
+    it (kept in `<image_dir>/history/` by every build); (lines, whether anything changed)."""
+    current = image_dir / manifest.NAME
+    if not current.is_file():
+        raise UsageError(f"no manifest at {current}: build the image first")
+    previous = history.previous(image_dir)
+    if previous is None:
+        raise UsageError(f"no previous build of this image is kept in {image_dir / history.DIR}: "
+                         "`--previous` compares a build with the one before it; build it again after a change")
+    return diff_manifests(str(previous), str(current), fmt)
 
 
 def report(a: str, b: str, fmt: str = "text", all_files: bool = False) -> tuple[list[str], bool]:

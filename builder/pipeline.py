@@ -18,7 +18,9 @@ from typing import Any
 import docker
 
 from . import lockfile as lock
-from .compose.image import compose
+from .compose.image import compose, lock_config, output_name
+from .compose.pairs import owners
+from .compose.params import Overrides
 from .compose.phases import engine_steps
 from .definitions.load import Tree
 from .engine import bootstrap, cancel, initramfs, offline, sbom
@@ -65,7 +67,7 @@ class BuildResult:
 
 
 class Builder:
-    def __init__(self, tree: Tree, config: str | None, sets: list[tuple[str, str, Any]], progress: Progress,
+    def __init__(self, tree: Tree, config: str | None, sets: Overrides, progress: Progress,
                  locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None,
                  formats: list[str] | None = None, mirror: Path | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
@@ -76,45 +78,73 @@ class Builder:
         self.mirror = mirror  # an offline build: no network, packages and bases from this checked mirror
         self.bases: dict[str, tuple[str, str]] = {}  # base key -> (tarball in the mirror, its sha256)
         self.results: dict[str, BuildResult] = {}
+        self.resolved: dict[str, lock.Lock] = {}  # lock name -> this build's resolution (under build/resolved/)
         self._lock = threading.Lock()
         self._swept = False  # the containers of killed builds removed (once, at the first image)
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, image: str) -> BuildPlan:
-        plan = compose(self.tree, image, self.config, self.sets)
+        with self._lock:
+            resolved = dict(self.resolved)
+        plan = compose(self.tree, image, self.config, self.sets, locks=resolved)
         if self.formats is not None and plan.kind == "node":
             plan = dataclasses.replace(plan, outputs={**plan.outputs, "formats": list(self.formats)})
         return plan
 
     def _ensure_locked(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> BuildPlan:
+        """The lock policy. A build never writes a lock file (a tracked file): a plan its lock file does
+        not fully pin is resolved into build/resolved/ (reused by the next build while it pins every
+        layer) and `nodeforge lock` is named to lock it; --locked refuses any drift."""
         if self.mirror:  # offline: mirror_check.prepare found every package locked and mirrored
             return plan
+        owner = lock_config(plan)
+        name, command = lock.lock_name(plan.image, owner), lock.lock_command(plan.image, owner)
+        what = (f"images/{name}.lock does not pin every layer" if lock.path_for(self.tree.root, plan.image, owner)
+                .is_file() else f"no images/{name}.lock")
         if self.locked:
-            current = lock.read(self.tree.root, plan.image)
+            current = lock.read(self.tree.root, plan.image, owner)
             fresh = resolver.resolve(c, plan, base_ref, self.progress)
             changes = lock.diff(current, fresh)
             if changes:
-                raise BuildFailed(f"--locked: resolution of {plan.image} differs from "
-                                  f"images/{plan.image}.lock:\n" + "\n".join(changes)
-                                  + f"\nrun `nodeforge lock {plan.image}` to accept the change")
+                raise BuildFailed(f"--locked: resolution of {plan.image} differs from images/{name}.lock:\n"
+                                  + "\n".join(changes) + f"\nrun `{command}` to accept the change")
             return plan
         if all(s.locked for s in plan.steps):
             return plan
-        fresh = resolver.resolve(c, plan, base_ref, self.progress)
-        path = lock.write(self.tree.root, fresh)
-        self.progress.say(plan.image, f"lock written: {path.relative_to(self.tree.root)}")
+        path = lock.resolved_path(self.tree.root, plan.image, owner)
+        kept = lock.read(self.tree.root, plan.image, owner, path)
+        if kept is not None:
+            with self._lock:
+                self.resolved[name] = kept
+            again = self.plan(plan.image)
+            if all(s.locked for s in again.steps):
+                self.progress.say(plan.image, f"{what}: using the resolution in {self._shown(path)}; "
+                                  f"`{command}` writes the lock file")
+                return again
+        fresh = dataclasses.replace(resolver.resolve(c, plan, base_ref, self.progress), config=owner)
+        lock.write(self.tree.root, fresh, path)
+        with self._lock:
+            self.resolved[name] = fresh
+        self.progress.say(plan.image, f"{what}: resolved into {self._shown(path)} (no lock file written); "
+                          f"`{command}` writes the lock file")
         return self.plan(plan.image)
 
+    def _shown(self, path: Path) -> str:
+        return str(path.relative_to(self.tree.root)) if path.is_relative_to(self.tree.root) else str(path)
+
     def resolve_lock(self, image: str) -> tuple[lock.Lock | None, lock.Lock]:
-        """(the lock file's, a fresh resolution) of an image, on its real base (its parent built first)."""
+        """(the lock file's, a fresh resolution) of an image with the builder's config, on its real base
+        (its parent built first); both of the lock file that (image, config) owns (lock.config)."""
         plan = self.plan(image)
+        owner = lock_config(plan)
         c = engine.client()
         if plan.base.kind == "debian":
             base_ref = bootstrap.ensure(c, plan.base, self.progress, image)
         else:
             parent = self.build([plan.base.image or ""], jobs=1)[-1]
             base_ref = parent.content_ref
-        return lock.read(self.tree.root, image), resolver.resolve(c, plan, base_ref, self.progress)
+        fresh = dataclasses.replace(resolver.resolve(c, plan, base_ref, self.progress), config=owner)
+        return lock.read(self.tree.root, image, owner), fresh
 
     # --- building -------------------------------------------------------------------------------
     def build(self, images: list[str], jobs: int = 1) -> list[BuildResult]:
@@ -199,7 +229,7 @@ class Builder:
         name, n = plan.image, len(steps)
         results: list[StepResult] = []
         ref = base_ref
-        state = rebuild.State(self.tree.root, name)
+        state = rebuild.State(self.tree.root, output_name(plan))  # one record per (image, config) owner
         parent_key, parent_name = plan.base.key, "the base"
         for i, step in enumerate(steps, start=1):
             cancel.check()
@@ -293,10 +323,12 @@ class Builder:
             initrd = None
             if plan.kind == "node":
                 self.progress.stage(name, "initramfs")
+                up = (initramfs.Parent(parent.initramfs.key, parent.plan.base.epoch)
+                      if parent is not None and parent.initramfs is not None else None)
                 with Timer() as t:
                     content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
-                                                                      self.progress, self.log_dir / name)
-                initrd = StepResult("initramfs", initramfs.inputs_key(plan), status, t.seconds)
+                                                                      self.progress, self.log_dir / name, up)
+                initrd = StepResult("initramfs", initramfs.inputs_key(plan, up), status, t.seconds)
             layer_secrets.check(c, content_ref, name)
             cancel.check()
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)
@@ -308,7 +340,9 @@ class Builder:
                 node = (assemble.assemble(c, plan, content_ref, content_key, self.tree.root, self.progress,
                                           signing=self.secrets.module_signing)
                         if plan.kind == "node" else None)
-                manifest.write(self.tree, plan, digests.result(), labels, node)  # manifest.json, provenance
+                with self._lock:
+                    resolved = dict(self.resolved)
+                manifest.write(self.tree, plan, digests.result(), labels, node, resolved)  # manifest.json, provenance
         self.progress.done(name)
         built = sum(r.status == "built" for r in results)
         self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
@@ -319,3 +353,14 @@ class Builder:
             self.results[name] = result
         return result
 
+
+
+def check_locks(tree: Tree, progress: Progress, sets: Overrides | None = None) -> dict[str, list[str]]:
+    """`nodeforge lock --check --all`: every lock file the tree's (image, config) pairs own (one per
+    owner, compose.pairs.owners), each against a fresh resolution: lock name -> the drift lines
+    (lockfile.drift; empty when current). A pair with no lock file drifts by every package."""
+    out: dict[str, list[str]] = {}
+    for name, pair in owners(tree).items():
+        current, fresh = Builder(tree, pair.config, list(sets or []), progress).resolve_lock(pair.image)
+        out[name] = lock.drift(current, fresh) if lock.diff(current, fresh) else []
+    return out

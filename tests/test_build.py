@@ -13,6 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from builder import lockfile
 from builder.definitions.load import load_tree
 from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
@@ -130,8 +131,13 @@ def test_independent_images_build_in_parallel(docker_client: docker.DockerClient
 
 
 def test_lock_pins_versions_and_locked_refuses_drift(docker_client: docker.DockerClient, tiny_tree: Path) -> None:
-    build(tiny_tree, "tiny")
     lock_file = tiny_tree / "images" / "tiny.lock"
+    lock_file.unlink(missing_ok=True)
+    build(tiny_tree, "tiny")  # a build never writes a lock file: what it resolved stays under build/
+    assert not lock_file.exists()
+    assert "ca-certificates:" in lockfile.resolved_path(tiny_tree, "tiny").read_text()
+    wrote = run_cli(tiny_tree, "lock", "tiny")
+    assert wrote.returncode == 0 and "wrote images/tiny.lock" in wrote.stdout, wrote.stderr
     text = lock_file.read_text()
     assert "ca-certificates:" in text
     from builder.compose import compose

@@ -137,9 +137,9 @@ def test_reserved_names_cover_the_template_context(monkeypatch: pytest.MonkeyPat
     seen: list[set[str]] = []
     real = image_mod.check_asserts
 
-    def spy(layer: Any, ctx: dict[str, Any], out: Any) -> None:
+    def spy(layer: Any, ctx: dict[str, Any], out: Any, settings: Any = None) -> None:
         seen.append(set(ctx) - set(layer.params))
-        real(layer, ctx, out)
+        real(layer, ctx, out, settings)
 
     monkeypatch.setattr(image_mod, "check_asserts", spy)
     compose(load_tree(ROOT), "gpu-node", "dgx-h100", [])

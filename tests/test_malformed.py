@@ -95,3 +95,10 @@ def test_set_value_out_of_range(base_tree: Path) -> None:
 def test_malformed_set_syntax(base_tree: Path) -> None:
     proc = nodeforge(base_tree, "plan", "node-minimal", "--set", "swappiness")
     assert proc.returncode == 2 and "LAYER.PARAM=VALUE" in proc.stderr
+
+
+def test_mistyped_names_say_did_you_mean(base_tree: Path) -> None:
+    param = nodeforge(base_tree, "plan", "node-minimal", "--set", "sysctl.swapiness=3")
+    assert param.returncode == 2 and "did you mean swappiness?" in param.stderr
+    image = nodeforge(base_tree, "plan", "node-minimall")
+    assert image.returncode == 2 and "did you mean node-minimal?" in image.stderr

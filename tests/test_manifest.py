@@ -67,6 +67,8 @@ def built(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathF
     (t / "layers" / "t1" / "layer.yaml").write_text(T1)
     (t / "layers" / "t1" / "files" / "t1.txt").write_text("t1")
     (t / ".gitignore").write_text("build/\n")
+    locked = run_cli(t, "lock", "mf")  # a build writes no lock file (a tracked file): images/mf.lock is made here
+    assert locked.returncode == 0, locked.stderr
     git(t, "init", "-q")
     git(t, "add", ".")
     git(t, "commit", "-q", "-m", "definitions")

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..checks import kargs
 from ..checks.registry import check
 from ..debian import parse_dpkg_status
 from ..plan import BuildPlan, Value
 from . import handlers as h
-from .scope import LayerScope, Merged, conflict_check
+from .scope import LayerScope, Merged, conflict_check, karg_key
 
 
 class ImageFacts(Protocol):
@@ -106,7 +105,9 @@ def _inherit_list(merged: Merged, key: str, value: Any, parent: BuildPlan) -> No
 
 
 def _inherit_kargs(merged: Merged, key: str, value: Any, parent: BuildPlan) -> None:
-    merged.table(key).update({kargs.split(v.value)[0]: _tag(parent, v) for v in value})
+    """Keyed as Merged.karg keys them: by name, a repeated argument (console=) by the whole argument,
+    so that the parent's console=tty0 console=ttyS0,... both reach the child, in order."""
+    merged.table(key).update({karg_key(v.value): _tag(parent, v) for v in value})
 
 
 def _inherit_labels(merged: Merged, key: str, value: Any, parent: BuildPlan) -> None:

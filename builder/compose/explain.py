@@ -25,7 +25,7 @@ def _lines(value: Any, provenance: bool) -> list[str]:
 
 def explain(plan: BuildPlan, provenance: bool = False) -> str:
     out = [f"image {plan.image} ({plan.kind}, version {plan.version}) config {plan.config or '-'}",
-           f"  key   {plan.key}"]
+           f"  key   {plan.key}  (the plan key: a manifest's plan_key, the key `diff` shows)"]
     if plan.base.kind == "debian" and plan.base.debian:
         d = plan.base.debian
         out.append(f"  base  debian {d['suite']} {d['variant']} [{' '.join(d['components'])}] "

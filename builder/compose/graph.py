@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks.registry import check
-from ..definitions.load import Config, Image, Layer, Tree
+from ..definitions.load import Config, Image, Layer, Tree, known
 from ..errors import Collector
 
 LAYER_KNOWN = check("layer/known", "compose", "an image lists layers that exist under layers/", "fix the name")
@@ -45,8 +45,7 @@ def resolve(tree: Tree, image: Image, inherited: tuple[str, ...], out: Collector
             where[name] = _config_where(config, image, name)
     for name in listed:
         if name not in tree.layers:
-            out.add(*where[name], f"no layer named {name!r}", "layers: " + ", ".join(sorted(tree.layers)),
-                    LAYER_KNOWN.name)
+            out.add(*where[name], f"no layer named {name!r}", known("layers", name, tree.layers), LAYER_KNOWN.name)
         elif name in inherited:
             out.add(*where[name], f"layer {name!r} is already in the parent image", "remove it from this image",
                     LAYER_ONCE.name)

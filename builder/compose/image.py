@@ -4,18 +4,21 @@ The result is a frozen, JSON-serialisable BuildPlan."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from .. import lockfile
 from ..checks.registry import check
+from ..debian import recipe
 from ..definitions.load import Config, Image, Layer, Tree
 from ..definitions.tables import UNJUDGED
-from ..errors import Collector
+from ..errors import Collector, DefinitionError
 from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
 from . import contributions, phases
 from .apply import apply_script, install_lines
 from .graph import resolve
-from .params import Setting, check_sets_used, format_sets, resolve_params
+from .params import Overrides, Setting, check_sets_used, format_sets, resolve_params, where_set
 from .prebuild import check_prebuild
 from .render import environment, render_string, render_tree
 from .scope import LayerScope, Merged
@@ -28,6 +31,7 @@ PARENT_CHECK = check("image/parent", "compose",
                      "an image built on another image names an existing image of the same kind, without a cycle",
                      "fix from.image")
 Memo = dict[tuple[str, str | None, str], BuildPlan]
+Locks = Mapping[str, lockfile.Lock]  # lock name (lockfile.lock_name) -> a resolution standing in for its file
 DEFAULT_SITE = {"gpu": {"model": "none", "count": 0, "memory-mib": 0}, "fabric": "none",
                 "power-limit-watts": 0, "registry": None}
 
@@ -41,14 +45,14 @@ def _base(image: Image, out: Collector, parent: BuildPlan | None) -> Base:
                                "an image bootstrapped from Debian needs a fixed source-date-epoch")
             epoch = 0
         deb = dict(frm["debian"])
-        key = digest({"bootstrap": "mmdebstrap", "host-files": "dropped", "debian": deb, "epoch": epoch})
+        key = digest(recipe(deb, epoch))
         return Base("debian", key, deb, None, epoch)
     assert parent is not None
     return Base("image", parent.key, None, parent.image, parent.base.epoch if epoch is None else epoch)
 
 
-def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[str, str, Any]] | None,
-                 stack: tuple[str, ...], out: Collector, memo: Memo | None) -> BuildPlan | None:
+def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: Overrides | None,
+                 stack: tuple[str, ...], out: Collector, memo: Memo | None, locks: Locks) -> BuildPlan | None:
     if "image" not in image.data["from"]:
         return None
     pname = image.data["from"]["image"]
@@ -60,7 +64,7 @@ def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: list[tu
     if pname not in tree.images:
         PARENT_CHECK.report(out, *where, f"no image named {pname!r}", "images: " + ", ".join(sorted(tree.images)))
         out.raise_if_any()
-    parent = compose(tree, pname, config_ref, sets, (*stack, image.name), memo)
+    parent = _memo_plan(tree, tree.images[pname], config_ref, sets, (*stack, image.name), memo, locks)
     if tree.images[pname].data["kind"] != image.data["kind"]:
         PARENT_CHECK.report(out, image.file, image.line("kind"), "kind",
                             f"expected kind {tree.images[pname].data['kind']!r} like parent image {pname!r}, "
@@ -68,8 +72,11 @@ def _parent_plan(tree: Tree, image: Image, config_ref: str | None, sets: list[tu
     return parent
 
 
-def check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector) -> None:
-    """A layer's `asserts`: conditions on parameter values, checked before anything is built."""
+def check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector,
+                  settings: Mapping[str, dict[str, Setting]] | None = None) -> None:
+    """A layer's `asserts`: conditions on parameter values, checked before anything is built. A
+    failed one names the values its condition reads and where each was set (settings: layer ->
+    parameter -> Setting), e.g. `(values: swappiness = 900 (--set sysctl.swappiness=900))`."""
     env = environment(layer.dir / "files")
     for i, a in enumerate(layer.data["asserts"]):
         line = layer.line("asserts", i)
@@ -84,6 +91,9 @@ def check_asserts(layer: Layer, ctx: dict[str, Any], out: Collector) -> None:
                 RENDERED_VALUE.report(out, layer.file, layer.line("asserts", i, key), f"asserts[{i}].{key}", why,
                                      TEXT_REMEDY)
                 message = remedy = None
+        where = where_set(a["that"], layer.name, dict(settings or {}))
+        if where:
+            message = f"{message or a['name']} (values: {where})"
         out.add(layer.file, line, f"asserts.{a['name']}", message or a["name"], remedy or "", f"assert/{a['name']}")
 
 
@@ -138,7 +148,7 @@ def _site(config: Config | None) -> dict[str, Any]:
 
 
 def _layers(tree: Tree, image: Image, config: Config | None, parent: BuildPlan | None, out: Collector,
-            sets: list[tuple[str, str, Any]]) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, dict[str, Setting]]]:
+            sets: Overrides) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, dict[str, Setting]]]:
     inherited = parent.inherited_layers + tuple(s.layer for s in parent.steps) if parent else ()
     extra = tuple(config.data["layers"][image.data["kind"]]) if config else ()
     order = resolve(tree, image, inherited, out, extra, config).order
@@ -149,21 +159,110 @@ def _layers(tree: Tree, image: Image, config: Config | None, parent: BuildPlan |
 
 
 def compose(tree: Tree, image_ref: str, config_ref: str | None = None,
-            sets: list[tuple[str, str, Any]] | None = None, _stack: tuple[str, ...] = (),
-            memo: Memo | None = None) -> BuildPlan:
+            sets: Overrides | None = None, _stack: tuple[str, ...] = (),
+            memo: Memo | None = None, locks: Locks | None = None) -> BuildPlan:
     """The plan of one image with one config. memo: plans already composed with the same tree,
-    config and sets (validate composes every image, and every image composes its parents)."""
+    config and sets (validate composes every image, and every image composes its parents).
+    locks: resolutions a build made (under build/) that stand in for the lock files of those
+    (image, config) pairs, by lockfile.lock_name."""
     image = tree.image(image_ref)
-    key = (image.name, config_ref, repr(sets or []))
-    plan = memo.get(key) if memo is not None else None
-    if plan is None:
-        plan = _compose(tree, image, config_ref, sets, _stack, memo)
-        if memo is not None:
-            memo[key] = plan
+    plan = _memo_plan(tree, image, config_ref, sets, _stack, memo, locks or {})
     if not _stack and sets:  # the image asked for, not a parent composed for it (sets reach the parents too)
         check_sets_used(sets, image.name, (*plan.inherited_layers, *(s.layer for s in plan.steps)),
                         _descendant_layers(tree, image, config_ref))
     return plan
+
+
+def _memo_plan(tree: Tree, image: Image, config_ref: str | None, sets: Overrides | None,
+               stack: tuple[str, ...], memo: Memo | None, locks: Locks) -> BuildPlan:
+    key = (image.name, config_ref, repr(sets or []) + repr(sorted(locks)))
+    plan = memo.get(key) if memo is not None else None
+    if plan is None:
+        try:
+            plan = _owned(tree, image, config_ref, sets, stack, memo, locks)
+        except DefinitionError as e:
+            _name_image(e, image, tree)
+            raise
+        if memo is not None:
+            memo[key] = plan
+    return plan
+
+
+COMPOSING = "while composing image"
+
+
+def _name_image(e: DefinitionError, image: Image, tree: Tree) -> None:
+    """Each problem of a layer (or lock) names the image whose composition found it (`validate`
+    composes every image with every config): the innermost one, so a parent's problem names the
+    parent, once. A problem in an image's or a config's own file is told there, not at an image."""
+    told = {i.file for i in tree.images.values()} | {c.file for c in tree.configs.values()}
+    note = f" ({COMPOSING} {image.name}, {image.file})"
+    e.problems[:] = [p if p.file in told or COMPOSING in p.message
+                     else dataclasses.replace(p, message=p.message + note) for p in e.problems]
+
+
+def _owned(tree: Tree, image: Image, config_ref: str | None, sets: Overrides | None,
+           stack: tuple[str, ...], memo: Memo | None, locks: Locks) -> BuildPlan:
+    """The rule of the tags and locks: a tag and a lock belong to one (image, config) pair. A config
+    that leaves the image's key as it is without a config builds it under its plain tags and lock
+    (images/NAME.lock); one that moves the key (its params, its layers, a parent it changes) under
+    tags qualified by the config (nodeforge/NAME:VERSION-CONFIG) and images/NAME@CONFIG.lock."""
+    plain_lock = _lock(tree, image.name, None, locks)
+    if config_ref is None:
+        return _compose(tree, image, None, sets, stack, memo, plain_lock, locks)
+    config = tree.config(config_ref)
+    assert config is not None
+    try:
+        plain: BuildPlan | None = _memo_plan(tree, image, None, sets, stack, memo, locks)
+    except DefinitionError:  # the image needs the config (a parameter only it sets): the config's own
+        plain = None
+    if plain is not None:
+        tentative = _compose(tree, image, config_ref, sets, stack, memo, plain_lock, locks)
+        if tentative.key == plain.key:
+            return tentative
+    qualified = _compose(tree, image, config_ref, sets, stack, memo, _lock(tree, image.name, config.name, locks),
+                         locks)
+    return dataclasses.replace(qualified, tags=tags_of(image, config.name))
+
+
+def _lock(tree: Tree, image: str, config: str | None, locks: Locks) -> lockfile.Lock | None:
+    name = lockfile.lock_name(image, config)
+    return locks[name] if name in locks else lockfile.read(tree.root, image, config)
+
+
+def tags_of(image: Image, config: str | None = None) -> tuple[str, ...]:
+    """An image's engine tags: outputs.tags (or nodeforge/NAME:VERSION), each tag qualified by the
+    config when the config changes the image (see _owned)."""
+    tags = _plain_tags(image.name, image.data["version"], image.data["outputs"]["tags"])
+    return tags if config is None else tuple(qualify_tag(t, config) for t in tags)
+
+
+def _plain_tags(name: str, version: str, tags: list[str]) -> tuple[str, ...]:
+    return tuple(tags) or (f"nodeforge/{name}:{version}",)
+
+
+def qualify_tag(tag: str, config: str) -> str:
+    """repo:tag -> repo:tag-CONFIG (repo -> repo:latest-CONFIG); a config name's '+' (not allowed in an
+    engine tag) becomes '_'."""
+    repo, sep, tg = tag.rpartition(":")
+    if not sep or "/" in tg:
+        repo, tg = tag, "latest"
+    return f"{repo}:{tg}-{config.replace('+', '_')}"
+
+
+def lock_config(plan: BuildPlan) -> str | None:
+    """The config that owns the plan's tags, lock and outputs: its config when the config changes the
+    image (the tags are qualified), else None (the plain tags and images/NAME.lock)."""
+    if plan.config is None:
+        return None
+    plain = _plain_tags(plan.image, plan.version, list(plan.outputs.get("tags") or []))
+    return plan.config if plan.tags != plain else None
+
+
+def output_name(plan: BuildPlan) -> str:
+    """What the plan's outputs under build/ are named by (build/images/<this>/): NAME, or NAME@CONFIG
+    for a config that changes the image, like its lock file."""
+    return lockfile.lock_name(plan.image, lock_config(plan))
 
 
 def _descendant_layers(tree: Tree, image: Image, config_ref: str | None) -> set[str]:
@@ -189,10 +288,10 @@ def _descendant_layers(tree: Tree, image: Image, config_ref: str | None) -> set[
     return names
 
 
-def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[str, str, Any]] | None,
-             _stack: tuple[str, ...], memo: Memo | None) -> BuildPlan:
+def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides | None,
+             _stack: tuple[str, ...], memo: Memo | None, locked: lockfile.Lock | None, locks: Locks) -> BuildPlan:
     config, out = tree.config(config_ref), Collector()
-    parent = _parent_plan(tree, image, config_ref, sets, _stack, out, memo)
+    parent = _parent_plan(tree, image, config_ref, sets, _stack, out, memo, locks)
     base = _base(image, out, parent)
     inherited, order, settings = _layers(tree, image, config, parent, out, sets or [])
     merged = Merged(out)
@@ -201,12 +300,11 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
     all_params = {n: {p: s.value for p, s in ps.items()} for n, ps in settings.items()}
     ictx = {"params": all_params, "site": _site(config),
             "image": {"name": image.name, "kind": image.data["kind"], "version": image.data["version"]}}
-    locked = lockfile.read(tree.root, image.name)
     unkeyed: list[tuple[LayerStep, dict[str, Any]]] = []
     tests: list[Test] = []
     for name in order:
         ctx = {**all_params[name], **ictx}
-        check_asserts(tree.layers[name], ctx, out)
+        check_asserts(tree.layers[name], ctx, out, settings)
         scope = LayerScope(tree.layers[name], ctx, settings[name], merged, locked)
         step, package_inputs, layer_tests = layer_step(scope)
         if step is not None:
@@ -219,7 +317,7 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: list[tuple[
     if not out.problems:  # what the build would reject later, said now
         check_prebuild(image, merged, locked, parent, out)
     out.raise_if_any()
-    tags = tuple(image.data["outputs"]["tags"]) or (f"nodeforge/{image.name}:{image.data['version']}",)
+    tags = tags_of(image)
     params = {f"{n}.{p}": Value(s.value, s.source) for n, ps in settings.items() for p, s in ps.items()}
     return BuildPlan(
         format=PLAN_FORMAT, image=image.name, kind=image.data["kind"], version=image.data["version"],

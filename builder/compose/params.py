@@ -11,10 +11,10 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..checks.registry import check
-from ..definitions.load import Config, Image, Param, Tree
+from ..definitions.load import Config, Image, Param, Tree, known
 from ..definitions.yamlsrc import load_text
 from ..errors import Collector, DefinitionError, NodeforgeError, UsageError
 
@@ -39,10 +39,20 @@ class Append:
     items: tuple[Any, ...]
 
 
+class Override(NamedTuple):
+    """One `--set LAYER.PARAM=VALUE` of the command line (the value read as YAML; `+=` gives an Append)."""
+
+    layer: str
+    param: str
+    value: Any
+
+
+Overrides = list[Override]
+
 REPLACE = "replace"  # a config's or image's `{replace: [..]}` replaces a list instead of appending
 
 
-def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
+def parse_sets(items: list[str]) -> Overrides:
     out = []
     for item in items:
         key, eq, text = item.partition("=")
@@ -64,7 +74,7 @@ def parse_sets(items: list[str]) -> list[tuple[str, str, Any]]:
                 raise NodeforgeError(f"--set {item!r}: += appends items to a list, e.g. --set {key}+=[a,b]; "
                                      f"--set {key}=null empties it")
             value = Append(tuple(value) if isinstance(value, list) else (value,))
-        out.append((layer, param, value))
+        out.append(Override(layer, param, value))
     return out
 
 
@@ -107,7 +117,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def format_sets(sets: list[tuple[str, str, Any]]) -> tuple[str, ...]:
+def format_sets(sets: Overrides) -> tuple[str, ...]:
     """The --set arguments that parse back into `sets` (what a build records on its image)."""
     out = []
     for layer, param, value in sets:
@@ -127,7 +137,7 @@ def _list_syntax(lname: str, pname: str, on_command_line: bool) -> str:
 
 
 def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Config | None,
-                   sets: list[tuple[str, str, Any]], out: Collector) -> dict[str, dict[str, Setting]]:
+                   sets: Overrides, out: Collector) -> dict[str, dict[str, Setting]]:
     result: dict[str, dict[str, Setting]] = {}
     for name in order:
         layer = tree.layers[name]
@@ -138,16 +148,16 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
     for lname, pname, value, source, line, file in _levels(tree, image, config, sets, out):
         found = tree.layers.get(lname)
         if found is None:
-            close = difflib.get_close_matches(lname, list(tree.layers), n=1)
-            out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}",
-                    (f"did you mean {close[0]}? " if close else "") + "layers: " + ", ".join(sorted(tree.layers)),
+            out.add(file, line, f"{lname}.{pname}", f"no layer named {lname!r}", known("layers", lname, tree.layers),
                     PARAM_KNOWN.name)
             continue
         param = found.params.get(pname)
         if param is None:
-            known = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
+            close = difflib.get_close_matches(pname, list(found.params), n=1)
+            listed = ", ".join(f"{k} ({p.bounds()})" for k, p in found.params.items()) or "none"
             out.add(file, line, f"{lname}.{pname}", f"layer {lname!r} has no parameter {pname!r}",
-                    f"parameters of {lname}: {known}", PARAM_KNOWN.name)
+                    (f"did you mean {close[0]}? " if close else "") + f"parameters of {lname}: {listed}",
+                    PARAM_KNOWN.name)
             continue
         why = control_problem(value)
         if why:
@@ -161,7 +171,7 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
 Level = tuple[str, str, Any, str, int | None, str]  # layer, param, value, source, line, file
 
 
-def _levels(tree: Tree, image: Image, config: Config | None, sets: list[tuple[str, str, Any]],
+def _levels(tree: Tree, image: Image, config: Config | None, sets: Overrides,
             out: Collector) -> list[Level]:
     """Every value set above the layer defaults, lowest precedence first: config, image, --set."""
     levels: list[Level] = []
@@ -169,7 +179,7 @@ def _levels(tree: Tree, image: Image, config: Config | None, sets: list[tuple[st
         for lname, values in config.data["params"].items():
             if lname not in tree.layers:
                 out.add(config.file, config.line("params", lname), f"params.{lname}",
-                        f"no layer named {lname!r}", "layers: " + ", ".join(sorted(tree.layers)), PARAM_KNOWN.name)
+                        f"no layer named {lname!r}", known("layers", lname, tree.layers), PARAM_KNOWN.name)
                 continue
             for pname, value in values.items():
                 line = config.line("params", lname, pname)
@@ -216,7 +226,7 @@ def _apply(settings: dict[str, Setting], param: Param, lname: str, value: Any, s
     settings[pname] = Setting(lname, pname, coerced, source)
 
 
-def check_sets_used(sets: list[tuple[str, str, Any]], image: str, used: tuple[str, ...],
+def check_sets_used(sets: Overrides, image: str, used: tuple[str, ...],
                     for_children: set[str]) -> None:
     """A --set for a layer the image (with its parents) does not use would be silently ignored, and
     recorded on the image as if it had counted: an error naming the layers it does use. for_children:
@@ -230,3 +240,17 @@ def check_sets_used(sets: list[tuple[str, str, Any]], image: str, used: tuple[st
         out.add("command line", None, f"--set {lname}.{pname}", f"image {image} does not use layer {lname!r}",
                 f"{hint}layers of {image} (with its parents): {', '.join(used) or 'none'}", PARAM_KNOWN.name)
     out.raise_if_any()
+
+
+def where_set(expression: str, layer: str, settings: dict[str, dict[str, Setting]]) -> str:
+    """The parameters an expression (an assert's `that`) names, each with its value and where it
+    was set: `swappiness = 900 (--set sysctl.swappiness=900)`. Its own layer's by bare name, any
+    layer's as params.LAYER.PARAM; empty when it names none."""
+    named: list[Setting] = []
+    for word in dict.fromkeys(re.findall(r"\b(?:params\.([\w-]+)\.)?([A-Za-z_]\w*)\b", expression)):
+        lname, pname = word[0] or layer, word[1]
+        s = settings.get(lname, {}).get(pname)
+        if s is not None and s not in named:
+            named.append(s)
+    return "; ".join(f"{s.param if s.layer == layer else f'{s.layer}.{s.param}'} = {json.dumps(s.value)} "
+                     f"({s.source})" for s in named)

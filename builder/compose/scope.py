@@ -21,6 +21,7 @@ from ..errors import Collector
 from ..plan import ContextFile, Value
 from .params import Setting
 from .render import environment, render_file, render_string, render_tree
+from .textdiff import short_diff
 
 CONFLICT_KARG = check("conflict/kernel-arg", "compose",
                       "two layers give one kernel argument different values (comma lists are merged)",
@@ -31,6 +32,13 @@ def conflict_check(what: str) -> str:
     return f"conflict/{what}"
 
 
+def karg_key(arg: str) -> str:
+    """A kernel argument's key in the merged table: its name, or for a repeated argument (console=)
+    the whole argument: every distinct value is an argument of its own, kept in order."""
+    name = kargs.split(arg)[0]
+    return arg if kargs.is_repeated(name) else name
+
+
 @dataclass
 class Merged:
     """Image-wide contributions with provenance: one table per contribution kind."""
@@ -38,6 +46,7 @@ class Merged:
     out: Collector
     tables: dict[str, dict[str, Value]] = field(default_factory=dict)
     owners: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, key) -> first layer
+    contents: dict[str, bytes] = field(default_factory=dict)  # path -> the bytes its writer gave (this image's)
 
     def table(self, kind: str) -> dict[str, Value]:
         return self.tables.setdefault(kind, {})
@@ -61,13 +70,12 @@ class Merged:
     def karg(self, arg: str, source: str, file: str, line: int | None, owner: str = "") -> None:
         table = self.table("kernel.args")
         name, value = kargs.split(arg)
-        if kargs.is_repeated(name):
-            name = arg  # every distinct value is an argument of its own
-        old = table.get(name)
+        key = karg_key(arg)
+        old = table.get(key)
         if old is None:
-            table[name] = Value(arg, source)
+            table[key] = Value(arg, source)
             if owner:
-                self.owners[("kernel.args", name)] = owner
+                self.owners[("kernel.args", key)] = owner
             return
         if old.value == arg:
             return
@@ -165,15 +173,19 @@ class LayerScope:
         data = content.encode() if isinstance(content, str) else content
         sha = hashlib.sha256(data).hexdigest()
         old = self.merged.table("files").get(path)
-        if old is not None and old.value == sha:  # the same bytes today; one edit later a conflict
+        if old is not None:  # one path has one writer (the same bytes today: one edit later a conflict)
             first = self.merged.owners.get(("files", path)) or old.source
+            found = ("with the same content: one path has one writer" if old.value == sha
+                     else short_diff(self.merged.contents.get(path), data))
+            verb = "both write" if old.value == sha else "write different contents to"
             CHECKS[conflict_check("files")].report(
-                self.out, self.layer.file, line, f"files.{path}",
-                f"conflict: {old.source} and {origin} both write {path} (with the same content: one path has "
-                "one writer)", f"write {path} in one layer only: drop it from {first} or from layer {self.name}, "
+                self.out, self.layer.file, line, f"files.{path}", f"conflict: {old.source} and {origin} {verb} "
+                f"{path}" + (f" ({found})" if old.value == sha else f": {found}"),
+                f"write {path} in one layer only: drop it from {first} or from layer {self.name}, "
                 "or move it into a layer both require")
             return
         self.merged.scalar("files", path, Value(sha, origin), self.layer.file, line, owner=f"layer {self.name}")
+        self.merged.contents[path] = data
         self.files.append(ContextFile(path, _mode(mode), owner, group, sha, origin,
                                       content if isinstance(content, str) else None,
                                       str(static) if static else None, phase or file_phase(path)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,12 @@ RESERVED_PARAMS: dict[str, str] = {
     **{n: "a Jinja literal" for n in ("true", "false", "none")},
     **{n: "a Jinja operator" for n in ("and", "or", "not", "in", "is", "if", "else")},
 }
+
+
+def known(what: str, name: str, names: Any) -> str:
+    """The fix for an unknown name: the closest known one (a typo), then every known one."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return (f"did you mean {close[0]}? " if close else "") + f"{what}: " + ", ".join(sorted(names))
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,7 @@ class Tree:
     def image(self, ref: str) -> Image:
         name = _ref_name(ref, "images")
         if name not in self.images:
-            raise DefinitionError([Problem(ref, None, "", "no such image",
-                                           "images: " + ", ".join(sorted(self.images)))])
+            raise DefinitionError([Problem(ref, None, "", "no such image", known("images", name, self.images))])
         return self.images[name]
 
     def config(self, ref: str | None) -> Config | None:
@@ -188,8 +194,7 @@ class Tree:
             return None
         name = _ref_name(ref, "configs")
         if name not in self.configs:
-            raise DefinitionError([Problem(ref, None, "", "no such config",
-                                           "configs: " + ", ".join(sorted(self.configs)))])
+            raise DefinitionError([Problem(ref, None, "", "no such config", known("configs", name, self.configs))])
         return self.configs[name]
 
 
@@ -367,7 +372,7 @@ def load_tree(root: Path) -> Tree:
             for i, lname in enumerate(names):
                 if lname not in layers:
                     out.add(rel, line_of(raw["layers"][kind], i), f"layers.{kind}[{i}]",
-                            f"no layer named {lname!r}", "layers: " + ", ".join(sorted(layers)))
+                            f"no layer named {lname!r}", known("layers", lname, layers))
         configs[path.stem] = Config(path.stem, rel, data, raw)
     out.raise_if_any()
     return Tree(root, layers, images, configs)

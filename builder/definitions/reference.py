@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+from ..errors import UsageError
+from ..escaping import for_terminal
+from .load import Tree, known
 from .spec import Field, ListOf, MapOf, Spec, Struct
 
 PARAM_TYPES = """\
@@ -44,3 +49,23 @@ def document(name: str, spec: Struct) -> str:
     if name == "param":
         out.append(PARAM_TYPES)
     return "\n".join(out)
+
+
+def layer(tree: Tree, name: str) -> str:
+    """`nodeforge schema layer NAME`: one layer's parameters with their types, bounds, defaults
+    and docs; an unknown name is a usage error with the closest known one."""
+    found = tree.layers.get(name)
+    if found is None:
+        raise UsageError(f"no layer named {name!r}; {known('layers', name, tree.layers)}")
+    out = [f"layer {found.name} ({found.file}): {found.data.get('summary') or ''}".rstrip()]
+    if not found.params:
+        out.append("  no parameters")
+    width = max((len(p) for p in found.params), default=0)
+    for p in found.params.values():
+        default = json.dumps(p.default, ensure_ascii=False)
+        extra = f"; pattern {p.pattern}" if p.pattern else ""
+        out.append(f"  {p.name:<{width}}  {p.bounds()}, default {default}{extra}")
+        out.append(f"  {'':<{width}}  {p.doc}")
+    out.append(f"  set with: a config's params.{found.name}.<param>, an image's layers: [{{{found.name}: {{<param>: "
+               f"value}}}}], or --set {found.name}.<param>=value (`nodeforge schema param` says how they combine)")
+    return "\n".join(for_terminal(line) for line in out)

@@ -20,6 +20,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import docker
 
@@ -30,6 +31,7 @@ from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
 from . import cancel
 from .client import image_exists
+from .labels import ROLE_LABEL
 from .steps import engine_build, step_ref
 
 VERSION = 1
@@ -47,12 +49,33 @@ _FINISH = ("set -e; " + _UNDIVERT + "; install -d /var/lib/initramfs-tools; for 
            "linux-update-symlinks install \"$v\" /boot/vmlinuz-$v 2>/dev/null || true; done")
 
 
-def inputs_key(plan: BuildPlan) -> str:
-    files = sorted((f.path, f.mode, f.sha256) for s in plan.steps for f in s.files
-                   if f.phase != "packages" and f.path.startswith(INPUT_PATHS))
-    return digest({"initramfs": VERSION, "packages": plan.install.key if plan.install else plan.base.key,
-                   "epoch": plan.base.epoch, "files": files,
-                   "scripts": [(s.layer, s.apply) for s in plan.steps if s.apply]})
+def own_inputs(plan: BuildPlan) -> dict[str, Any]:
+    """What the image's own steps put into its initramfs: its package phase, the config-phase files
+    under INPUT_PATHS and every config-phase script (a step may write anywhere)."""
+    return {"packages": plan.install.key if plan.install else None,
+            "files": sorted([f.path, f.mode, f.sha256] for s in plan.steps for f in s.files
+                            if f.phase != "packages" and f.path.startswith(INPUT_PATHS)),
+            "scripts": [[s.layer, s.apply] for s in plan.steps if s.apply]}
+
+
+class Parent(NamedTuple):
+    """A child image's parent, as its initramfs key sees it."""
+
+    key: str  # the parent's initramfs key
+    epoch: int
+
+
+def inputs_key(plan: BuildPlan, parent: Parent | None = None) -> str:
+    """The initramfs's key: exactly its inputs. A child image (parent: its parent's) whose own steps
+    add none (no package phase, no file under INPUT_PATHS, no script) and whose epoch is the
+    parent's has the parent's key: it reuses the parent's initramfs instead of generating one."""
+    own = own_inputs(plan)
+    if plan.base.kind == "image" and parent is not None:
+        if own == {"packages": None, "files": [], "scripts": []} and plan.base.epoch == parent.epoch:
+            return parent.key
+        return digest({"initramfs": VERSION, "parent": parent.key, "epoch": plan.base.epoch, **own})
+    return digest({"initramfs": VERSION, "packages": own["packages"] or plan.base.key, "epoch": plan.base.epoch,
+                   "files": own["files"], "scripts": own["scripts"]})
 
 
 def _cache_dir(root: Path, key: str) -> Path:
@@ -63,7 +86,7 @@ def _generate(c: docker.DockerClient, content_ref: str, epoch: int, dest: Path) 
     """update-initramfs in a throwaway container of the image; the initrd files into dest (atomically)."""
     container = c.containers.create(content_ref, ["/bin/sh", "-c", _GENERATE], entrypoint=[], user="root",
                                     environment={"SOURCE_DATE_EPOCH": str(epoch)}, network_mode="none",
-                                    labels={"io.nodeforge.role": "initramfs"})
+                                    labels={ROLE_LABEL: "initramfs"})
     try:
         container.start()
         status = container.wait(timeout=1800)
@@ -94,10 +117,10 @@ def _generate(c: docker.DockerClient, content_ref: str, epoch: int, dest: Path) 
 
 
 def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, progress: Progress,
-         log_dir: Path) -> tuple[str, str, str]:
+         log_dir: Path, parent: Parent | None = None) -> tuple[str, str, str]:
     """The node image with its initramfs: (ref, content key of the result, what happened: cached (the
     whole step), reused (the initramfs of the same inputs copied in) or built)."""
-    ikey = inputs_key(plan)
+    ikey = inputs_key(plan, parent)
     final_key = digest({"content": plan.key, "initramfs": ikey})
     tag = step_ref(final_key)
     cache = _cache_dir(root, ikey)

@@ -1,6 +1,7 @@
 """SBOM: an SPDX 2.3 JSON document generated from the image's own package databases - dpkg's
 status file and the *.dist-info metadata of unpacked wheels - stored beside the image
-(build/images/<image>/sbom.spdx.json) and named in the image by its sha256 (a label)."""
+(build/images/<image>/sbom.spdx.json, or build/images/<image>@<config>/ for a config that changes
+the image) and named in the image by its sha256 (a label)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import docker
 
+from ..compose.image import output_name
 from ..debian import parse_dpkg_status
 from ..errors import BuildFailed
 from ..paths import build_dir
@@ -29,8 +31,9 @@ _READ = (f"cat /var/lib/dpkg/status; for m in $(find {' '.join(WHEEL_ROOTS)} -pa
          f"2>/dev/null | sort); do echo; echo '{_MARK}'\"$m\"; head -n 40 \"$m\"; done")
 
 
-def path_for(root: Path, image: str) -> Path:
-    return build_dir(root) / "images" / image / "sbom.spdx.json"
+def path_for(root: Path, output: str) -> Path:
+    """output: compose.image.output_name of the plan (NAME or NAME@CONFIG)."""
+    return build_dir(root) / "images" / output / "sbom.spdx.json"
 
 
 _OUT = "/tmp/nodeforge-sbom.txt"
@@ -108,7 +111,7 @@ def document(plan: BuildPlan, text: str) -> dict[str, Any]:
 
 def write(c: docker.DockerClient, ref: str, plan: BuildPlan, root: Path) -> tuple[Path, str]:
     """The SBOM of the image's file system (ref), written once per content key; (path, sha256)."""
-    path = path_for(root, plan.image)
+    path = path_for(root, output_name(plan))
     if path.is_file():
         data = path.read_bytes()
         try:

@@ -4,6 +4,7 @@ the outputs. Printed as text (the default of `nodeforge diff`) or as Markdown fo
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from ..escaping import for_markdown_cell, for_markdown_text, for_terminal
 
 # the build's identity: (manifest field, what a reader calls it)
 _IDENTITY = (("image", "image"), ("kind", "kind"), ("version", "version"), ("config", "config"),
-             ("sets", "--set"), ("plan_key", "plan key"), ("image_digest", "image digest"),
+             ("sets", "--set"), ("plan_key", "plan key"), ("keys", "keys"), ("image_digest", "image digest"),
              ("engine_image_id", "engine image id"),  # format 1 manifests
              ("registry_digest", "registry digest"), ("base", "base"), ("lock", "lock"),
              ("inherited_locks", "locks of parent images"), ("source", "source revision"),
@@ -27,6 +28,7 @@ class Change:
     old: str = ""
     new: str = ""
     note: str = ""
+    detail: tuple[str, ...] = ()  # a unified diff of a text file's lines (bounded: DIFF_LINES)
 
 
 @dataclass
@@ -59,8 +61,10 @@ def _identity(a: dict[str, Any], b: dict[str, Any]) -> Section:
         va, vb = a.get(key), b.get(key)
         if va == vb:
             continue
-        if key == "lock" or key == "source":
+        if key in ("lock", "source", "base", "keys", "sets"):
             va, vb = _summary(key, va), _summary(key, vb)
+            if va == vb:  # keys: the plan key has a row of its own
+                continue
         s.changes.append(Change("~", title, _short(va), _short(vb)))
     return s
 
@@ -70,7 +74,29 @@ def _summary(key: str, value: Any) -> str:
         return "none"
     if key == "lock":
         return f"{value['path']} sha256 {value['sha256'][:12]}"
+    if key == "base":
+        return _base(value)
+    if key == "keys":  # a node's content (initramfs) and assembly keys, as node.json names them
+        return ", ".join(f"{k} {str(v)[:12]}" for k, v in sorted(value.items()) if v and k != "plan") or "none"
+    if key == "sets":
+        return " ".join(value)
     return value["revision"][:12] + (" (dirty)" if value.get("dirty") else "")
+
+
+def _base(base: Any) -> str:
+    """The base as one line: `debian bookworm minbase key 3e4485bc916e digest 1a2b3c4d5e6f` or
+    `image cuda-12.9-base key ...`."""
+    if not isinstance(base, dict):
+        return _show(base)
+    debian: dict[str, Any] = base["debian"] if isinstance(base.get("debian"), dict) else {}
+    what = (f"debian {debian.get('suite', '?')} {debian.get('variant', '')}".rstrip() if base.get("kind") == "debian"
+            else f"image {base.get('image')}")
+    parts = [what, f"key {str(base.get('key'))[:12]}"]
+    if base.get("name"):
+        parts.append(f"name {base['name']}")
+    if base.get("digest"):
+        parts.append(f"digest {_short(base['digest'])}")
+    return " ".join(parts)
 
 
 def keyed(title: str, a: dict[str, str], b: dict[str, str],
@@ -91,8 +117,15 @@ def unordered(title: str, a: set[str], b: set[str]) -> Section:
     return Section(title, [Change("-", x) for x in sorted(a - b)] + [Change("+", x) for x in sorted(b - a)])
 
 
-def _layers(doc: dict[str, Any]) -> dict[str, str]:
-    return {x["name"]: _short(x["key"]) if x.get("key") else f"from image {x.get('image')}" for x in doc["layers"]}
+def _layers(doc: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """Layers by name: their keys (an inherited one's too), and which image built an inherited one."""
+    keys, notes = {}, {}
+    for x in doc["layers"]:
+        inherited = x.get("inherited") or not x.get("key")
+        keys[x["name"]] = _short(x["key"]) if x.get("key") else f"from image {x.get('image')}"
+        if inherited:
+            notes[x["name"]] = f"inherited from image {x.get('image')}"
+    return keys, notes
 
 
 def _parameters(doc: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
@@ -129,16 +162,51 @@ def _cmdline(a: dict[str, Any], b: dict[str, Any]) -> Section:
 def compare(a: dict[str, Any], b: dict[str, Any]) -> list[Section]:
     """Every section, changed or not (renderers leave out the empty ones)."""
     pa, pb = _parameters(a), _parameters(b)
+    la, lb = _layers(a), _layers(b)
     outputs = [{k: _short(v["sha256"]) for k, v in d["outputs"].items()} for d in (a, b)]
     return [
         _identity(a, b),
-        keyed("layers", _layers(a), _layers(b)),
+        keyed("layers", la[0], lb[0], (la[1], lb[1])),
         keyed("parameters", pa[0], pb[0], (pa[1], pb[1])),
+        files_section(a, b),
         keyed("packages", _packages(a), _packages(b)),
         keyed("wheels", _wheels(a), _wheels(b)),
         _cmdline(a, b),
         keyed("outputs", outputs[0], outputs[1]),
     ]
+
+
+DIFF_LINES = 40  # the most lines of one file's unified diff shown
+
+
+def _file(f: dict[str, Any]) -> str:
+    return f"sha256 {str(f.get('sha256'))[:12]} mode {f.get('mode') or '?'}"
+
+
+def _file_note(f: dict[str, Any]) -> str:
+    return f"layer {f.get('layer')}" + (f" of image {f.get('image')}" if f.get("inherited") else "")
+
+
+def _lines_diff(path: str, a: list[str] | None, b: list[str] | None) -> tuple[str, ...]:
+    if a is None or b is None:
+        return ()
+    out = list(difflib.unified_diff(a, b, f"a{path}", f"b{path}", n=1, lineterm=""))
+    if len(out) > DIFF_LINES:
+        out = [*out[:DIFF_LINES], f"... {len(out) - DIFF_LINES} more lines"]
+    return tuple(out)
+
+
+def files_section(a: dict[str, Any], b: dict[str, Any]) -> Section:
+    """The files the layers write (format 3): by path, the writing layer in the note, the changed
+    lines of a small /etc text file as a unified diff."""
+    fa, fb = ({f["path"]: f for f in d.get("files") or []} for d in (a, b))
+    s = keyed("files", {p: _file(f) for p, f in fa.items()}, {p: _file(f) for p, f in fb.items()},
+              ({p: _file_note(f) for p, f in fa.items()}, {p: _file_note(f) for p, f in fb.items()}))
+    s.changes = [Change(c.op, c.item, c.old, c.new, c.note,
+                        _lines_diff(c.item, (fa.get(c.item) or {}).get("lines") if c.op != "+" else [],
+                                    (fb.get(c.item) or {}).get("lines") if c.op != "-" else []))
+                 for c in s.changes]
+    return s
 
 
 def changed(sections: list[Section]) -> bool:
@@ -160,7 +228,9 @@ def text(title_a: str, title_b: str, sections: list[Section]) -> list[str]:
     out = [f"--- {for_terminal(title_a)}", f"+++ {for_terminal(title_b)}"]
     for s in sections:
         if s.changes:
-            out += [f"{s.title}:", *(_line(c) for c in s.changes)]
+            out.append(f"{s.title}:")
+            for c in s.changes:
+                out += [_line(c), *(f"      {for_terminal(d)}" for d in c.detail)]
     return out
 
 
@@ -201,11 +271,15 @@ def markdown(title: str, facts: list[tuple[str, str, str]], sections: list[Secti
             continue
         notes = any(c.note for c in s.changes)
         out += ["", f"### {s.title[0].upper()}{s.title[1:]}", "",
-                "| change | item | before | after |" + (" where set |" if notes else ""),
+                "| change | item | before | after |" + ((" where set |" if s.title == "parameters" else " note |")
+                                                        if notes else ""),
                 "|---|---|---|---|" + ("---|" if notes else "")]
         for c in s.changes:
             row = f"| {_OPS[c.op]} | {cell(c.item)} | {cell(c.old)} | {cell(c.new)} |"
             out.append(row + (f" {cell(c.note) if c.note else ''} |" if notes else ""))
+        for c in s.changes:  # an indented code block: each line printable, nothing in it is markup
+            if c.detail:
+                out += ["", f"{for_markdown_text(c.item)}:", "", *(f"    {for_terminal(d)}" for d in c.detail)]
     return out
 
 

@@ -12,21 +12,26 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .. import lockfile
+from ..compose.image import Memo, compose, lock_config, output_name
+from ..compose.params import parse_sets
 from ..definitions.load import Tree
 from ..engine import sbom
 from ..engine.labels import git_source
 from ..node.assemble import NodeArtifacts
 from ..plan import BuildPlan, sha256_file
-from . import reader
+from . import files, reader
 from .image_digest import Digests
 from .oci_image import scrub
 
-FORMAT = 2  # 2: the image and its base by their normalised OCI digests, no engine image id
+# 2: the image and its base by their normalised OCI digests, no engine image id
+# 3: inherited layers with their keys, `files` (what the layers write), `keys` (each key named)
+FORMAT = 3
 READABLE = reader.READABLE  # what `nodeforge diff` still reads
 NAME = "manifest.json"
 
@@ -38,9 +43,10 @@ def builder_version() -> str:
         return "unknown"
 
 
-def path_for(root: Path, image: str) -> Path:
-    """Beside the image's SBOM, wherever the build directory is."""
-    return sbom.path_for(root, image).parent / NAME
+def path_for(root: Path, output: str) -> Path:
+    """Beside the image's SBOM, wherever the build directory is. output: compose.image.output_name
+    (NAME, or NAME@CONFIG for a config that changes the image)."""
+    return sbom.path_for(root, output).parent / NAME
 
 
 def source_revision(root: Path) -> dict[str, Any] | None:
@@ -66,16 +72,55 @@ def ancestry(tree: Tree, image: str) -> list[str]:
     return chain
 
 
-def _layers(plan: BuildPlan) -> list[dict[str, Any]]:
+def owners(tree: Tree, plan: BuildPlan, resolved: Mapping[str, lockfile.Lock]) -> list[tuple[str, str | None]]:
+    """The image and the images it builds on, nearest first, each with the config that owns its lock
+    and outputs (compose.image.lock_config): parents follow the rule of the tags and locks too, so
+    each is composed again with the plan's config and --set values (and the build's resolutions)."""
+    images = ancestry(tree, plan.image)
+    own = lock_config(plan)
+    if own is None:  # a config that changes a parent changes its base key, so the image too
+        return [(i, None) for i in images]
+    sets, memo, locks = parse_sets(list(plan.sets)), Memo(), dict(resolved)
+    return [(plan.image, own),
+            *((i, lock_config(compose(tree, i, plan.config, sets, memo=memo, locks=locks))) for i in images[1:])]
+
+
+def _lock_of(root: Path, image: str, config: str | None,
+             resolved: Mapping[str, lockfile.Lock]) -> tuple[lockfile.Lock | None, dict[str, Any] | None]:
+    """The lock a build of (image, config) used, and its record: the lock file, or the build's own
+    resolution under build/resolved/ (pipeline.Builder.resolved) where its lock file pins too little."""
+    name = lockfile.lock_name(image, config)
+    if name in resolved:
+        p = lockfile.resolved_path(root, image, config)
+        return resolved[name], ({"image": image, "path": f"build/resolved/{p.name}", "resolved": True,
+                                 "sha256": sha256_file(p)} if p.is_file() else None)
+    p = lockfile.path_for(root, image, config)
+    record = {"image": image, "path": str(p.relative_to(root)), "sha256": sha256_file(p)} if p.is_file() else None
+    return lockfile.read(root, image, config), record
+
+
+def _layers(plan: BuildPlan, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every layer with its step key; an inherited one with the key its image built it with (from
+    the parent's manifest; null where that manifest is missing or of another build)."""
     def parameters(layer: str) -> dict[str, Any]:
         return {k.partition(".")[2]: {"value": v.value, "source": v.source}
                 for k, v in sorted(plan.params.items()) if k.partition(".")[0] == layer}
 
-    inherited = [{"name": n, "image": plan.base.image, "key": None, "parameters": parameters(n)}
+    built = {x["name"]: x for x in (parent or {}).get("layers", [])}
+    inherited = [{"name": n, "image": built.get(n, {}).get("image") or plan.base.image, "inherited": True,
+                  "key": built.get(n, {}).get("key"), "summary": built.get(n, {}).get("summary"),
+                  "parameters": parameters(n)}
                  for n in plan.inherited_layers]
     own = [{"name": s.layer, "image": plan.image, "key": s.key, "summary": s.summary, "parameters": parameters(s.layer)}
            for s in plan.steps]
     return inherited + own
+
+
+def _keys(plan: BuildPlan, node: NodeArtifacts | None) -> dict[str, str | None]:
+    """Each key of the build, named: `plan` is what `nodeforge plan` prints and the manifest's
+    plan_key (the last layer step's key); a node's `content` (its initramfs step) and `assembly`
+    (its disks) keys are node.json's content_key and key."""
+    return {"plan": plan.key, "content": node.content_key if node else None, "assembly": node.key if node else None}
 
 
 def _sbom_packages(path: Path) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
@@ -131,7 +176,7 @@ def _outputs(root: Path, plan: BuildPlan, labels: dict[str, str], node: NodeArti
     """Every file the build leaves beside the manifest, with its sha256 (node.json's, not recomputed)."""
     out: dict[str, Any] = {}
     if labels.get(sbom.LABEL):
-        out[sbom.path_for(root, plan.image).name] = {"role": "sbom", "sha256": labels[sbom.LABEL]}
+        out[sbom.path_for(root, output_name(plan)).name] = {"role": "sbom", "sha256": labels[sbom.LABEL]}
     if node is not None:
         roles = {f: r for r, f in node.files.items()}
         for f, sha in node.sha256.items():
@@ -142,35 +187,35 @@ def _outputs(root: Path, plan: BuildPlan, labels: dict[str, str], node: NodeArti
     return out
 
 
-def _lock_record(root: Path, image: str) -> dict[str, str] | None:
-    p = lockfile.path_for(root, image)
-    return {"image": image, "path": str(p.relative_to(root)), "sha256": sha256_file(p)} if p.is_file() else None
-
-
 def document(tree: Tree, plan: BuildPlan, digests: Digests, labels: dict[str, str],
-             node: NodeArtifacts | None) -> dict[str, Any]:
+             node: NodeArtifacts | None, resolved: Mapping[str, lockfile.Lock] | None = None) -> dict[str, Any]:
     """Nothing in it depends on the build host, the build directory or the engine's cache: two
-    isolated builds of the same definitions and lock write the same bytes."""
+    isolated builds of the same definitions and lock write the same bytes. resolved: the build's
+    own resolutions by lock name (pipeline.Builder.resolved), recorded instead of the lock files."""
     root = tree.root
-    images = ancestry(tree, plan.image)
-    chain = [(i, lk) for i in images if (lk := lockfile.read(root, i)) is not None]
-    debs, _ = _sbom_packages(sbom.path_for(root, plan.image))
+    pairs = owners(tree, plan, resolved or {})
+    locks = [(i, *_lock_of(root, i, config, resolved or {})) for i, config in pairs]
+    chain = [(i, lk) for i, lk, _ in locks if lk is not None]
+    debs, _ = _sbom_packages(sbom.path_for(root, output_name(plan)))
+    parent = (files.parent_manifest(path_for(root, lockfile.lock_name(*pairs[1])), plan.base.key)
+              if plan.base.image and len(pairs) > 1 else None)
     doc: dict[str, Any] = {
         "format": FORMAT,
         "image": plan.image, "kind": plan.kind, "version": plan.version, "summary": plan.summary,
         "config": plan.config, "sets": list(plan.sets), "tags": list(plan.tags),
-        "plan_key": plan.key, "image_digest": digests.image, "registry_digest": None,
+        "plan_key": plan.key, "keys": _keys(plan, node), "image_digest": digests.image, "registry_digest": None,
         "source_date_epoch": plan.base.epoch,
         "base": {"kind": plan.base.kind, "key": plan.base.key, "image": plan.base.image, "debian": plan.base.debian,
                  "name": scrub(labels.get("org.opencontainers.image.base.name") or "") or None,
                  "digest": digests.base},
-        "layers": _layers(plan),
+        "layers": _layers(plan, parent),
+        "files": files.of_plan(plan, [f for f in (parent or {}).get("files", [])]),
         "packages": _packages([lk for _, lk in chain], debs),
         "wheels": _wheels(chain),
         "kernel_cmdline": node.cmdline if node is not None else (plan.cmdline if plan.kind == "node" else None),
         "outputs": _outputs(root, plan, labels, node),
-        "lock": _lock_record(root, plan.image),
-        "inherited_locks": [r for i in images[1:] if (r := _lock_record(root, i))],
+        "lock": locks[0][2],
+        "inherited_locks": [r for _, _, r in locks[1:] if r],
         "builder": {"name": "nodeforge", "version": builder_version()},
     }
     source = source_revision(root)

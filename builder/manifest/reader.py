@@ -17,7 +17,7 @@ from ..definitions import documents
 from ..definitions.spec import MISSING, Bool, Ctx, Field, Int, ListOf, MapOf, OrNull, Spec, Str, Struct, describe
 from ..errors import UsageError
 
-READABLE = (1, 2)  # the formats `nodeforge diff` reads
+READABLE = (1, 2, 3)  # the formats `nodeforge diff` reads
 WHAT = "manifest"
 REMEDY = "give the manifest.json a build wrote (build/images/<image>/manifest.json)"
 MAX_DEPTH = 64  # a parameter value nested deeper is not one a build wrote
@@ -78,6 +78,7 @@ PARAMETER = Struct({"value": _f(AnyJson(), "the parameter's value", True),
 LAYER = Struct({"name": _f(KEY, "the layer's name", True), "key": _f(OrNull(TEXT), "the step's content key"),
                 "image": _f(OrNull(TEXT), "the image that built the layer"),
                 "summary": _f(OrNull(TEXT), "the layer's summary"),
+                "inherited": _f(Bool(), "built by an image this one builds on", default=False),
                 "parameters": _f(MapOf(KEY, PARAMETER), "the layer's parameters", default={})},
                "a layer {name, key, image, parameters}", open=True)
 PACKAGE = Struct({"name": _f(KEY, "the package's name", True), "version": _f(TEXT, "the installed version", True),
@@ -86,6 +87,15 @@ PACKAGE = Struct({"name": _f(KEY, "the package's name", True), "version": _f(TEX
                   "sha256": _f(OrNull(TEXT), "the .deb's sha256")}, "a package {name, version}", open=True)
 WHEEL = Struct({"name": _f(KEY, "the wheel's name", True), "version": _f(OrNull(TEXT), "its version"),
                 "sha256": _f(OrNull(TEXT), "its sha256")}, "a wheel {name, version, sha256}", open=True)
+FILE = Struct({"path": _f(KEY, "the file's path in the image", True),
+               "layer": _f(TEXT, "the layer that wrote it", True), "image": _f(OrNull(TEXT), "the image that built it"),
+               "sha256": _f(TEXT, "its sha256", True), "mode": _f(TEXT, "its mode", default=""),
+               "inherited": _f(Bool(), "written by an image this one builds on", default=False),
+               "lines": _f(OrNull(ListOf(Text(max_len=1 << 16))), "a small /etc text file's lines")},
+              "a file {path, layer, sha256, mode}", open=True)
+KEYS = Struct({name: _f(OrNull(TEXT), doc) for name, doc in (
+    ("plan", "the key `nodeforge plan` prints"), ("content", "a node's content key (node.json content_key)"),
+    ("assembly", "a node's assembly key (node.json key)"))}, "the build's keys {plan, content, assembly}", open=True)
 OUTPUT = Struct({"sha256": _f(TEXT, "the file's sha256", True), "role": _f(TEXT, "what the file is", default="")},
                 "an output {role, sha256}", open=True)
 LOCK = Struct({"path": _f(TEXT, "the lock file", True), "sha256": _f(TEXT, "its sha256", True),
@@ -106,7 +116,9 @@ MANIFEST = Struct({
     "engine_image_id": _f(OrNull(TEXT), "the engine's image id (format 1)"),
     "registry_digest": _f(OrNull(TEXT), "the digest in the registry"),
     "base": _f(AnyJson(), "what the image builds on"),
+    "keys": _f(OrNull(KEYS), "the build's keys, each named (format 3)"),
     "layers": _f(ListOf(LAYER), "the layers", True),
+    "files": _f(ListOf(FILE), "the files the layers write (format 3)", default=[]),
     "packages": _f(ListOf(PACKAGE), "every installed package", default=[]),
     "wheels": _f(ListOf(WHEEL), "every wheel", default=[]),
     "kernel_cmdline": _f(OrNull(TEXT), "the kernel command line"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import lockfile
-from ..compose.image import compose
+from ..compose.image import compose, lock_config
 from ..debian import parse_dpkg_status
 from ..definitions.load import Tree
 from ..engine import bootstrap, offline
@@ -43,14 +43,17 @@ def closure(tree: Tree, images: list[str]) -> list[str]:
     return order
 
 
-def locks(tree: Tree, names: list[str]) -> dict[str, lockfile.Lock]:
+def locks(tree: Tree, plans: list[BuildPlan]) -> dict[str, lockfile.Lock]:
+    """image -> the lock of its (image, config) pair (images/NAME.lock, or images/NAME@CONFIG.lock
+    for a config that changes the image)."""
     out = {}
-    for name in names:
-        lock = lockfile.read(tree.root, name)
+    for plan in plans:
+        owner = lock_config(plan)
+        lock = lockfile.read(tree.root, plan.image, owner)
         if lock is None:
-            raise UsageError(f"images/{name}.lock: missing; a mirror holds exactly the locked packages: "
-                             f"run `nodeforge lock {name}` first")
-        out[name] = lock
+            raise UsageError(f"images/{lockfile.lock_name(plan.image, owner)}.lock: missing; a mirror holds "
+                             f"exactly the locked packages: run `{lockfile.lock_command(plan.image, owner)}` first")
+        out[plan.image] = lock
     return out
 
 
@@ -121,15 +124,15 @@ def _disk_full(e: OSError, tmp: Path, dest: Path) -> BuildFailed:
 def mirror(tree: Tree, images: list[str], config: str | None, sets: list[Any], dest: Path,
            progress: Progress) -> Index:
     names = closure(tree, images)
-    locked = locks(tree, names)
     plans = [compose(tree, n, config, sets) for n in names]
+    locked = locks(tree, plans)
     tmp = _prepare(dest)
     try:
         with Timer() as t:
             index = Index()
             for plan in plans:
-                index.images[plan.image] = {"lock_sha256": sha256_file(lockfile.path_for(tree.root, plan.image)),
-                                            "base": plan.base.key}
+                lock_file = lockfile.path_for(tree.root, plan.image, lock_config(plan))
+                index.images[plan.image] = {"lock_sha256": sha256_file(lock_file), "base": plan.base.key}
             in_base = _bases(plans, tmp, index, progress)
             _debs(plans, locked, in_base, tmp, index, progress)
             _wheels(locked, tmp, index, progress)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from .. import lockfile
+from ..compose.image import lock_config
 from ..errors import UsageError
 from ..plan import BuildPlan, LayerStep
 from ..progress import Progress, Timer
@@ -74,8 +75,9 @@ def _step_problems(image: str, step: LayerStep, lock: lockfile.Lock | None, inde
 
 
 def _plan_problems(root: Path, plan: BuildPlan, index: Index, mirror: Path) -> list[str]:
-    lock = lockfile.read(root, plan.image)
-    remirror = f"run `nodeforge mirror {plan.image} DIR` where the network is and carry DIR over"
+    lock = lockfile.read(root, plan.image, lock_config(plan))
+    config = f" --config {plan.config}" if plan.config else ""
+    remirror = f"run `nodeforge mirror {plan.image} DIR{config}` where the network is and carry DIR over"
     first = _image_problems(plan, index, mirror, remirror)
     if first:
         return first

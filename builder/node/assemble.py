@@ -1,8 +1,9 @@
 """Stage 6: node images become disks and netboot artifacts. The image's file system is mounted
 from the engine's layers or exported (node.tree), checked (checks.rootfs), modules signed where a
-key is given, then the outputs are made: the disk (node.disk) and its qcow2, and the root archive
-(node.netboot) at the same time, each hashed as it is written where it can be; kernel, initramfs,
-boot.ipxe and SHA256SUMS beside them. An unchanged image is not re-assembled (the assembly key)."""
+key is given, then the formats asked for are made by the outputs table (node.outputs: the disk of
+node.disk and its qcow2, the root archive and boot.ipxe of node.netboot), all at the same time,
+each hashed as it is written where it can be; kernel, initramfs and SHA256SUMS beside them. An
+unchanged image is not re-assembled (the assembly key)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 
 from ..checks import rootfs as rootfs_checks
+from ..compose.image import output_name
 from ..engine import cancel
 from ..engine.client import image_lock
 from ..engine.steps import step_ref
@@ -29,8 +31,8 @@ from ..errors import BuildFailed, EnvironmentProblem
 from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
-from . import root_fs
-from .archive import ChunkCache, root_archive
+from . import outputs, root_fs
+from .archive import ChunkCache
 from .artifacts import NodeArtifacts
 from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are asked for here)
     BIOS_START_MIB,
@@ -50,24 +52,25 @@ from .disk import (  # noqa: F401  (re-exported: the node's layout and tools are
     sha256_file,
     write_bios_boot,
 )
-from .netboot import ipxe_script
+from .netboot import ipxe_script  # noqa: F401  (re-exported)
+from .outputs import Making
 from .signing import SigningKey, sign_modules
 from .tree import MOUNTED, PackagePhase, image_tree, package_phase
 
-T = TypeVar("T")
 ASSEMBLER_VERSION = 8  # 6: extended attributes (file capabilities) kept; 7: no baked-in resolv.conf;
 # 8: the root ext4 in two phases (node.root_fs), its size in steps of 64 MiB
 MANIFEST = "node.json"
 ROOT_STEP_MIB = 64
 
 
+def output_dir(root: Path, output: str) -> Path:
+    """output: compose.image.output_name of the plan (NAME, or NAME@CONFIG for a config that changes
+    the image): each (image, config) pair's outputs in a directory of their own."""
+    return build_dir(root) / "images" / output
 
-def output_dir(root: Path, image: str) -> Path:
-    return build_dir(root) / "images" / image
 
-
-def load(root: Path, image: str) -> NodeArtifacts | None:
-    path = output_dir(root, image) / MANIFEST
+def load(root: Path, output: str) -> NodeArtifacts | None:
+    path = output_dir(root, output) / MANIFEST
     try:
         data = json.loads(path.read_text())
         data["dir"] = str(path.parent)
@@ -126,10 +129,10 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
              progress: Progress, signing: SigningKey | None = None) -> NodeArtifacts:
     """Make the disks and netboot artifacts of a node image; an unchanged image is not re-assembled.
     signing: the module-signing key (--secret module-signing=PATH), used on the exported tree only."""
-    name = plan.image
-    out = output_dir(root, name)
+    name, output = plan.image, output_name(plan)
+    out = output_dir(root, output)
     key = assembly_key(plan, content_key, signing)
-    previous = load(root, name)
+    previous = load(root, output)
     if previous and previous.key == key and all((out / f).exists() for f in previous.files.values()):
         previous.cached = True
         progress.say(name, f"assemble                          cached            {key[:12]}")
@@ -138,7 +141,7 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
     formats = list(plan.outputs.get("formats") or [])
     out.parent.mkdir(parents=True, exist_ok=True)
     cancel.check()
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.assemble-", dir=out.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".{output}.assemble-", dir=out.parent))
     # removed by the CLI when this thread is stopped before it gets to it (engine.cancel)
     tokens = [cancel.register(work), cancel.register(work.with_name(work.name + ".previous"))]
     dropping = _drop_previous(out, work)
@@ -172,13 +175,13 @@ def assemble(c: docker.DockerClient, plan: BuildPlan, ref: str, content_key: str
 
 def remove_strays(root: Path) -> list[str]:
     """What a killed build (SIGKILL, a power cut) left in the build directory: assembly directories
-    (.<image>.assemble-*, and their .previous), each with the overlay mounts under it. Only those
-    of images whose build lock no one holds (a running build's directory is its own). Their names,
-    relative to the build directory."""
+    (.<image>[@<config>].assemble-*, and their .previous), each with the overlay mounts under it. Only
+    those of images whose build lock (one per image, whatever the config) no one holds (a running
+    build's directory is its own). Their names, relative to the build directory."""
     images = build_dir(root) / "images"
     removed: list[str] = []
     for d in sorted(images.glob(".*.assemble-*")) if images.is_dir() else []:
-        image = d.name[1:].partition(".assemble-")[0]
+        image = d.name[1:].partition(".assemble-")[0].partition("@")[0]
         try:
             with image_lock(root, image, wait=False):
                 if _unmount_all(d):  # never removed through a mount
@@ -228,7 +231,6 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
                    formats: list[str], progress: Progress, signing: SigningKey | None,
                    chunks: ChunkCache, root: Path, phase: PackagePhase | None) -> NodeArtifacts:
     name = plan.image
-    epoch = str(plan.base.epoch)
 
     def step(what: str, t: Timer, how: str = "") -> None:
         progress.say(name, f"assemble {what:<24} {t.seconds:6.1f}s" + (f" ({how})" if how else ""))
@@ -247,72 +249,27 @@ def _assemble_into(plan: BuildPlan, rootfs: Path, how: str, content_key: str, ke
     art = NodeArtifacts(name, key, content_key, str(work), kver, full_cmdline(plan), root_label(plan),
                         root_fs.fs_uuid(plan.install.key if plan.install else key, root_mib, root_label(plan)),
                         disk_mib, root_mib, hygiene=findings)
-    cfg = grub_config(art, name, plan.version)
-    (work / "grub.cfg").write_text(cfg)
-
-    # the root archive is made from the tree while the disk is (both only read it)
-    pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="nodeforge-assemble")
-    archive: Future[tuple[tuple[str, str], float]] | None = None
-    if "netboot" in formats:
-        archive = pool.submit(_timed, root_archive, rootfs, work / "rootfs.tar.gz", epoch, chunks, name)
-    try:
-        hashing = _disks(art, rootfs, work, key, epoch, formats, step, pool, root, phase)
-        shutil.copyfile(rootfs / "boot" / f"vmlinuz-{kver}", work / "vmlinuz")
-        shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", work / "initrd.img")
-        art.files.update(kernel="vmlinuz", initrd="initrd.img")
-        known = {f: h.result() for f, h in hashing.items()}
-        if archive is not None:
-            with Timer() as t:
-                (root_sha, reuse), seconds = archive.result()
-                _netboot(art, work, plan, root_sha)
-            progress.say(name, f"assemble {'netboot artifacts':<24} {seconds:6.1f}s (waited {t.seconds:.1f}s; "
-                               f"root archive: {reuse})")
-            known["rootfs.tar.gz"] = root_sha
-    finally:
-        pool.shutdown(wait=True)
+    make_outputs(Making(art, rootfs, work, plan.version, str(plan.base.epoch), root, chunks, phase, step), formats)
     with Timer() as t:
-        art.sha256 = {f: known.get(f) or sha256_file(work / f) for f in sorted(art.files.values())}
         (work / "SHA256SUMS").write_text("".join(f"{h}  {f}\n" for f, h in art.sha256.items()))
     step("checksums", t)
     return art
 
 
-def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-    with Timer() as t:
-        result = fn(*args)
-    return result, t.seconds
-
-
-def _disks(art: NodeArtifacts, rootfs: Path, work: Path, key: str, epoch: str, formats: list[str],
-           step: Callable[..., None], pool: ThreadPoolExecutor, root: Path,
-           phase: PackagePhase | None) -> dict[str, Future[str]]:
-    """The raw disk (root ext4 and boot loaders) and the qcow2 made from it; their sha256s (by file
-    name) are taken in the pool while the rest is made (each read again from the page cache)."""
-    disk = work / "disk.raw"
-    with Timer() as t:
-        how = root_fs.write(disk, art, rootfs, key, epoch, root, phase)
-    step(f"root ext4 {art.root_mib} MiB", t, how)
-    with Timer() as t:
-        boot_loaders(disk, work, key, epoch)
-    step("GRUB for UEFI and BIOS", t)
-    hashing = {"disk.raw": pool.submit(sha256_file, disk)} if "raw" in formats else {}
-    if "qcow2" in formats:
-        with Timer() as t:
-            # no flush at the end (cache mode unsafe): like every other output, written through the page cache
-            _run(["qemu-img", "convert", "-t", "unsafe", "-O", "qcow2", str(disk), str(work / "disk.qcow2")],
-                 "qcow2 conversion")
-        art.files["qcow2"] = "disk.qcow2"
-        hashing["disk.qcow2"] = pool.submit(sha256_file, work / "disk.qcow2")
-        step("qcow2", t)
-    if "raw" in formats:
-        art.files["raw"] = "disk.raw"
-    else:
-        disk.unlink()  # keep a raw disk only when asked for; boots then use the qcow2
-    return hashing
-
-
-def _netboot(art: NodeArtifacts, work: Path, plan: BuildPlan, root_sha: str) -> None:
-    """boot.ipxe, which carries the root archive's sha256."""
-    art.files["rootfs"] = "rootfs.tar.gz"
-    art.files["ipxe"] = "boot.ipxe"
-    (work / "boot.ipxe").write_text(ipxe_script(art, plan.image, plan.version, root_sha))
+def make_outputs(m: Making, formats: Iterable[str]) -> None:
+    """The loop over the outputs table: every format asked for made by its maker, each in a thread
+    of its own, and the kernel and initramfs copied beside them meanwhile; then the node record's
+    files and their sha256s (those a maker took on the way, the rest read here)."""
+    art, chosen = m.art, outputs.selected(formats)
+    art.files.update(outputs.KERNEL)
+    for output in chosen:
+        art.files.update(output.files)
+    with ThreadPoolExecutor(max_workers=max(1, len(chosen)), thread_name_prefix="nodeforge-assemble") as pool:
+        made = [pool.submit(output.make, m) for output in chosen]
+        shutil.copyfile(m.rootfs / "boot" / f"vmlinuz-{art.kernel_version}", m.path("kernel"))
+        shutil.copyfile(m.rootfs / "boot" / f"initrd.img-{art.kernel_version}", m.path("initrd"))
+        known = {f: sha for future in made for f, sha in future.result().items()}
+    disk = m.work / outputs.DISK
+    if disk.exists() and disk.name not in art.files.values():
+        disk.unlink()  # the disk formats were made from it; kept only when raw was asked for
+    art.sha256 = {f: known.get(f) or sha256_file(m.work / f) for f in sorted(art.files.values())}

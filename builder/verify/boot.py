@@ -18,9 +18,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import BinaryIO
 
+from ..compose.image import output_name
 from ..definitions.load import Tree
 from ..errors import EnvironmentProblem
-from ..node import assemble
+from ..node import assemble, outputs
 from ..node.assemble import NodeArtifacts
 from ..paths import build_dir
 from ..plan import BuildPlan, Test
@@ -102,15 +103,31 @@ def netboot_cmdline(art: NodeArtifacts, url: str, sha: str | None = None) -> str
     return " ".join([*args, "boot=nodeforge-net", f"nodeforge.root={url}", f"nodeforge.root_sha256={sha}", "ip=dhcp"])
 
 
+def boot_drive(art: NodeArtifacts, mode: str) -> tuple[Path, str] | None:
+    """The file a mode boots as qemu's boot drive, and its format (the outputs table says which);
+    None for a mode that boots no drive (netboot)."""
+    if mode not in ALL_MODES:
+        raise EnvironmentProblem(f"unknown boot mode {mode!r}; expected one of {', '.join(ALL_MODES)}")
+    output = outputs.booted(art, mode)
+    if output is None:
+        can = [o.name for o in outputs.OUTPUTS.values() if mode in o.boots]
+        raise EnvironmentProblem(f"{art.image} has nothing a {mode} boot can start; "
+                                 f"add {' or '.join(can)} to outputs.formats")
+    if output.drive is None:
+        return None
+    (role,) = output.files
+    return art.path(role), output.drive
+
+
 def qemu_command(art: NodeArtifacts, mode: str, accel: str, work: Path, checks: Path | None = None,
                  cmdline: str | None = None, memory: int = 1024, interactive: bool = False) -> list[str]:
     net = ["-nic", "user,model=virtio-net-pci"] if mode == "netboot" else ["-nic", "none"]
     cmd = [QEMU, "-accel", accel, "-m", str(memory), "-smp", "2", "-no-reboot", *net]
     cmd += ["-nographic"] if interactive else ["-display", "none", "-monitor", "none", "-serial", "stdio"]
-    if mode != "netboot":
+    drive = boot_drive(art, mode)
+    if drive is not None:
         # the node's disk boots first; the checks disk (when attached) is never a boot candidate
-        disk_role = "qcow2" if art.has("qcow2") else "raw"
-        cmd += ["-drive", f"file={art.path(disk_role)},format={disk_role},if=none,id=disk,snapshot=on",
+        cmd += ["-drive", f"file={drive[0]},format={drive[1]},if=none,id=disk,snapshot=on",
                 "-device", "virtio-blk-pci,drive=disk,bootindex=1"]
     if checks is not None:
         cmd += ["-drive", f"file={checks},format=raw,if=none,id=checks,readonly=on",
@@ -230,8 +247,7 @@ def _watch(console: _Console, watcher: ConsoleWatcher, budget: float) -> str:
 
 def _netboot(art: NodeArtifacts, cmdline: str | None, root_sha256: str | None) -> tuple[ThreadingHTTPServer, str, int]:
     """Serve the netboot artifacts; (server, command line, memory in MiB: the root lives in RAM)."""
-    if not art.has("rootfs"):
-        raise EnvironmentProblem(f"{art.image} has no netboot artifacts; add netboot to outputs.formats")
+    boot_drive(art, "netboot")  # refuses a node without the netboot artifacts
     server = serve(Path(art.dir))
     url = f"http://10.0.2.2:{server.server_address[1]}/{art.files['rootfs']}"  # the host, seen from qemu
     return server, cmdline or netboot_cmdline(art, url, root_sha256), 1024 + 2 * art.root_mib
@@ -325,12 +341,15 @@ def boot_tests(tests: list[Test]) -> tuple[list[Test], list[Result]]:
 
 
 def artifacts_for(plan: BuildPlan, tree: Tree) -> NodeArtifacts:
-    art = assemble.load(tree.root, plan.image)
+    """The node record of the plan's (image, config) pair: build/images/NAME[@CONFIG]/node.json."""
+    output = output_name(plan)
+    rebuild = plan.build_command
+    art = assemble.load(tree.root, output)
     if art is None:
-        raise EnvironmentProblem(f"{plan.image} has no assembled disk; run `nodeforge build images/{plan.image}.yaml`")
+        raise EnvironmentProblem(f"{output} has no assembled disk; run `{rebuild}`")
     if art.cmdline != assemble.full_cmdline(plan):
-        raise EnvironmentProblem(f"the assembled disk of {plan.image} is out of date (its kernel command line "
-                                 f"differs); run `nodeforge build images/{plan.image}.yaml`")
+        raise EnvironmentProblem(f"the assembled disk of {output} is out of date (its kernel command line "
+                                 f"differs); run `{rebuild}`")
     return art
 
 
@@ -341,7 +360,7 @@ def run_boot_tests(plan: BuildPlan, tree: Tree, tests: list[Test], modes: tuple[
     log_dir = log_dir or build_dir(tree.root) / "boot"
     for mode in modes:
         print(f"[{plan.image}] boot {mode}: {len(runnable)} checks ...", flush=True)
-        o = boot(art, mode, log_dir / f"{plan.image}-{mode}.log", runnable)
+        o = boot(art, mode, log_dir / f"{output_name(plan)}-{mode}.log", runnable)
         results += results_of(o, runnable, plan)
         status = "passed" if o.verdict == "passed" else f"FAILED ({o.reason})"
         print(f"[{plan.image}] boot {mode}: {status} in {o.seconds:.1f}s ({o.accel}); serial log {o.log}",

@@ -65,7 +65,7 @@ def run_tests(plan: BuildPlan, report_dir: Path, boot: bool, tree: Tree, ref: st
     ref = ref or plan.tags[0]
     c = engine.client()
     if not engine.image_exists(c, ref):
-        raise EnvironmentProblem(f"image {ref} is not built; run `nodeforge build images/{plan.image}.yaml`")
+        raise EnvironmentProblem(f"image {ref} is not built; run `{plan.build_command}`")
     caps = capabilities()
     runnable, results = select(plan, caps)
     results += run_image_and_container(plan, ref, [t for t in runnable if t.scope != "boot"])

@@ -274,5 +274,91 @@ def test_build_identity_changes_keep_names_whole_and_shorten_digests() -> None:
     b = manifest(config=long_config, sets=["sysctl.swappiness=10"], image_digest="sha256:" + "9" * 64)
     lines = compare.text("a", "b", compare.compare(manifest(), b))
     assert f"  ~ config default -> {long_config}" in lines
-    assert '  ~ --set [] -> ["sysctl.swappiness=10"]' in lines
+    assert "  ~ --set none -> sysctl.swappiness=10" in lines
     assert f"  ~ image digest {'1' * 12} -> {'9' * 12}" in lines
+
+
+def format3(**changes: Any) -> dict[str, Any]:
+    """A format 3 manifest: an inherited layer with its key, the files the layers write."""
+    doc = manifest(format=3, keys={"plan": "a" * 64, "content": "c1" * 32, "assembly": "a1" * 32})
+    doc["layers"].insert(0, {"name": "slim", "image": "parent", "inherited": True, "key": "9" * 64,
+                             "summary": "slim", "parameters": {}})
+    doc["files"] = [
+        {"path": "/etc/sysctl.d/90-nodeforge-sysctl.conf", "layer": "sysctl", "image": "n", "sha256": "1" * 64,
+         "mode": "0644", "lines": ["# sysctl", "vm.swappiness = 1", "vm.dirty_ratio = 10"]},
+        {"path": "/usr/lib/x.bin", "layer": "base", "image": "n", "sha256": "2" * 64, "mode": "0755"},
+        {"path": "/etc/slim.conf", "layer": "slim", "image": "parent", "inherited": True, "sha256": "3" * 64,
+         "mode": "0644", "lines": ["a"]}]
+    doc.update(changes)
+    return doc
+
+
+def test_files_layers_and_keys_of_a_one_value_change() -> None:
+    """The review of a one-value change names the layer (key old -> new), the parameter with where
+    it was set, and the file with its changed line; an inherited layer's key change says which image
+    built it."""
+    a = format3()
+    b = copy.deepcopy(a)
+    b["layers"][2]["key"] = "7" * 64
+    b["layers"][2]["parameters"]["swappiness"] = {"value": 5, "source": "--set sysctl.swappiness=5"}
+    b["layers"][0]["key"] = "8" * 64
+    b["files"][0]["sha256"], b["files"][0]["lines"][1] = "4" * 64, "vm.swappiness = 5"
+    b["files"][2]["sha256"], b["files"][2]["lines"] = "5" * 64, ["b"]
+    b["keys"]["assembly"] = "a2" * 32
+    lines = compare.text("a.json", "b.json", compare.compare(a, b))
+    assert f"  ~ sysctl {'d' * 12} -> {'7' * 12}" in lines
+    assert f"  ~ slim {'9' * 12} -> {'8' * 12} (inherited from image parent)" in lines
+    assert ("  ~ sysctl.swappiness 1 -> 5 (config default (configs/default.yaml:8) -> --set sysctl.swappiness=5)"
+            in lines)
+    path = "/etc/sysctl.d/90-nodeforge-sysctl.conf"
+    assert f"  ~ {path} sha256 {'1' * 12} mode 0644 -> sha256 {'4' * 12} mode 0644 (layer sysctl)" in lines
+    i = lines.index(f"  ~ {path} sha256 {'1' * 12} mode 0644 -> sha256 {'4' * 12} mode 0644 (layer sysctl)")
+    assert lines[i + 1:i + 7] == [f"      --- a{path}", f"      +++ b{path}", "      @@ -1,3 +1,3 @@",
+                                  "       # sysctl", "      -vm.swappiness = 1", "      +vm.swappiness = 5"]
+    assert "  ~ /etc/slim.conf" in "\n".join(lines) and "(layer slim of image parent)" in "\n".join(lines)
+    assert f"  ~ keys assembly {'a1' * 6}, content {'c1' * 6} -> assembly {'a2' * 6}, content {'c1' * 6}" in lines
+    assert "/usr/lib/x.bin" not in "\n".join(lines)
+
+    md = compare.markdown_for("a.json", "b.json", a, b)
+    assert (f"| changed | `{path}` | `sha256 {'1' * 12} mode 0644` | `sha256 {'4' * 12} mode 0644` "
+            "| `layer sysctl` |") in md
+    j = md.index(f"{path}:")
+    assert md[j + 2:j + 8] == [f"    --- a{path}", f"    +++ b{path}", "    @@ -1,3 +1,3 @@", "     # sysctl",
+                               "    -vm.swappiness = 1", "    +vm.swappiness = 5"]
+    assert "| change | item | before | after | note |" in md  # layers and files: a note, not "where set"
+
+
+def test_added_and_removed_files_and_a_bounded_line_diff() -> None:
+    a = format3()
+    b = copy.deepcopy(a)
+    del b["files"][1]
+    b["files"].append({"path": "/etc/new.conf", "layer": "base", "image": "n", "sha256": "6" * 64, "mode": "0600",
+                       "lines": ["x"]})
+    b["files"][0]["lines"], b["files"][0]["sha256"] = [f"line {i}" for i in range(200)], "7" * 64
+    sections = {s.title: s for s in compare.compare(a, b)}
+    changes = {c.item: c for c in sections["files"].changes}
+    assert changes["/usr/lib/x.bin"].op == "-" and changes["/etc/new.conf"].op == "+"
+    assert changes["/etc/new.conf"].detail[-1] == "+x"  # a new text file: every line added
+    big = changes["/etc/sysctl.d/90-nodeforge-sysctl.conf"].detail
+    assert len(big) == compare.DIFF_LINES + 1 and big[-1].startswith("... ") and big[-1].endswith(" more lines")
+
+
+def test_base_row_is_readable_not_json() -> None:
+    a = format3()
+    b = copy.deepcopy(a)
+    b["base"]["key"], b["base"]["digest"] = "f" * 64, "sha256:" + "e" * 64
+    (row,) = [c for c in compare.compare(a, b)[0].changes if c.item == "base"]
+    assert row.old == f"debian bookworm key {'b' * 12} name nodeforge-base:bbb digest {'2' * 12}"
+    assert row.new == f"debian bookworm key {'f' * 12} name nodeforge-base:bbb digest {'e' * 12}"
+    image = {"kind": "image", "key": "c" * 64, "image": "container-base", "debian": None, "name": None,
+             "digest": None}
+    assert compare._base(image) == f"image container-base key {'c' * 12}"
+
+
+def test_format3_manifest_reads_back_with_files_and_keys(tmp_path: Path) -> None:
+    from builder.manifest import reader
+    path = tmp_path / "manifest.json"
+    path.write_bytes(document.dumps(format3()))
+    doc = reader.read(path)
+    assert doc["files"][0]["lines"][1] == "vm.swappiness = 1" and doc["layers"][0]["inherited"] is True
+    assert doc["keys"]["plan"] == "a" * 64

@@ -12,8 +12,10 @@ import pytest
 
 from builder import lockfile
 from builder.compose import compose
+from builder.compose.params import Override
 from builder.definitions.load import load_tree
 from builder.engine import sbom
+from builder.errors import UsageError
 from builder.manifest import document, provenance, record
 from builder.manifest.image_digest import Digests
 from builder.node.assemble import NodeArtifacts
@@ -108,7 +110,7 @@ def test_manifest_is_the_same_bytes_from_the_same_build(tree_copy: Path, tmp_pat
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Written twice, and once more into another build directory: identical manifests and statements."""
     tree = load_tree(tree_copy)
-    plan = compose(tree, "node-minimal", "default", [("sysctl", "swappiness", 5)])
+    plan = compose(tree, "node-minimal", "default", [Override("sysctl", "swappiness", 5)])
     out = []
     for build_dir in ("build-one", "build-one", "build-two"):
         monkeypatch.setenv(BUILD_DIR_VARIABLE, str(tmp_path / build_dir))
@@ -139,3 +141,69 @@ def test_child_image_lists_every_wheel_and_the_locks_it_builds_on(tree_copy: Pat
     assert doc["kernel_cmdline"] is None and doc["outputs"] == {}
     packages = {p["name"]: p for p in doc["packages"]}  # no SBOM: what the locks say
     assert packages and all(p["layer"] for p in packages.values())
+
+
+def test_each_build_keeps_the_previous_manifest_and_diff_previous_reads_it(tree_copy: Path) -> None:
+    """A one-value change in a layer, built twice: the manifest it replaces is kept in history/
+    (bounded, the same bytes kept once), and `diff_previous` names the layer (key old -> new), the
+    parameter with where it was set, and the file with its changed line, without a copy by hand."""
+    from builder import diff
+    from builder.manifest import history
+
+    tree = load_tree(tree_copy)
+    before = compose(tree, "node-minimal", "default")
+    after = compose(tree, "node-minimal", "default", [Override("sysctl", "swappiness", 5)])
+    path = record.write(tree, before, Digests("sha256:" + "e" * 64, None), {}, None)
+    with pytest.raises(UsageError, match="no previous build"):
+        diff.diff_previous(path.parent)
+    record.write(tree, after, Digests("sha256:" + "e" * 64, None), {}, None)
+    record.write(tree, after, Digests("sha256:" + "e" * 64, None), {}, None)  # the same bytes: nothing kept
+    assert [p.name for p in sorted((path.parent / history.DIR).iterdir())] == ["000001.json"]
+
+    lines, changed = diff.diff_previous(path.parent)
+    assert changed and lines[0].startswith(f"--- {path.parent / history.DIR / '000001.json'}")
+    old_key = next(s.key for s in before.steps if s.layer == "sysctl")
+    new_key = next(s.key for s in after.steps if s.layer == "sysctl")
+    assert f"  ~ sysctl {old_key[:12]} -> {new_key[:12]}" in lines
+    assert any(ln.startswith("  ~ sysctl.swappiness 1 -> 5 (config default (configs/default.yaml:")
+               and ln.endswith("-> --set sysctl.swappiness)") for ln in lines), lines
+    conf = "/etc/sysctl.d/90-nodeforge-sysctl.conf"
+    assert any(ln.startswith(f"  ~ {conf} sha256 ") and ln.endswith("(layer sysctl)") for ln in lines)
+    assert "      -vm.swappiness = 1" in lines and "      +vm.swappiness = 5" in lines
+    assert f"plan {after.key[:12]}" in lines[1]  # the key `nodeforge plan` prints
+    md, _ = diff.diff_previous(path.parent, "markdown")
+    assert "    +vm.swappiness = 5" in md
+
+    for i in range(history.KEEP + 2):  # bounded: the last KEEP
+        plan = compose(tree, "node-minimal", "default", [Override("sysctl", "swappiness", 10 + i)])
+        record.write(tree, plan, Digests("sha256:" + "e" * 64, None), {}, None)
+    kept = sorted(p.name for p in (path.parent / history.DIR).iterdir())
+    assert kept == [f"{n:06d}.json" for n in range(4, 4 + history.KEEP)]
+
+
+def test_manifest_records_files_keys_and_inherited_layer_keys(tree_copy: Path) -> None:
+    """Files the layers write (with the lines of a small /etc text file), each key named, and an
+    inherited layer with the key its image built it with (from the parent's manifest)."""
+    tree = load_tree(tree_copy)
+    node_plan = compose(tree, "node-minimal", "default")
+    d = sbom.path_for(tree_copy, "node-minimal").parent
+    node = json.loads(record.write(tree, node_plan, Digests("sha256:" + "e" * 64, None), {},
+                                   node_artifacts(d, "root=LABEL=r ro")).read_text())
+    assert node["keys"] == {"plan": node_plan.key, "content": "c" * 64, "assembly": "k" * 64}
+    conf = next(f for f in node["files"] if f["path"] == "/etc/sysctl.d/90-nodeforge-sysctl.conf")
+    assert conf["layer"] == "sysctl" and conf["mode"] == "0644" and "vm.swappiness = 1" in conf["lines"]
+    assert conf["sha256"] == node_plan.files[conf["path"]].value
+    assert [f["path"] for f in node["files"]] == sorted(node_plan.files)
+
+    child = compose(tree, "cupy-cuda12.9", None)
+    orphan = document.document(tree, child, Digests("sha256:" + "e" * 64, None), {}, None)
+    assert all(x["key"] is None for x in orphan["layers"] if x.get("inherited"))  # no parent manifest yet
+    for image in reversed(document.ancestry(tree, "cupy-cuda12.9")[1:]):  # the parents, built first
+        record.write(tree, compose(tree, image, None), Digests("sha256:" + "e" * 64, None), {}, None)
+    doc = document.document(tree, child, Digests("sha256:" + "e" * 64, None), {}, None)
+    parent = json.loads(document.path_for(tree_copy, child.base.image or "").read_text())
+    assert [(x["name"], x["key"], x["image"]) for x in doc["layers"] if x.get("inherited")] == [
+        (x["name"], x["key"], x["image"]) for x in parent["layers"]]
+    assert all(x["key"] for x in doc["layers"]) and doc["keys"]["plan"] == child.key == doc["plan_key"]
+    inherited = [f for f in doc["files"] if f.get("inherited")]
+    assert inherited and all(f["image"] != "cupy-cuda12.9" for f in inherited)
