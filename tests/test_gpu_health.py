@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +17,9 @@ from typing import Any
 
 import pytest
 from support.fake_tools import FAKES, Calls, fake_tools, merge, program_env
+from support.metrics import assert_promtool_accepts
 from support.programs import load_program
+from support.trees import nodeforge, scratch_image, tree_with_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ROOT / "layers" / "gpu-health" / "files"
@@ -321,10 +322,7 @@ def test_json_file_and_textfile_metric(tmp_path: Path) -> None:
     assert "nodeforge_gpu_health_status 2\n" in prom
     assert 'nodeforge_gpu_health_rule_status{rule="xid"} 2\n' in prom
     assert 'nodeforge_gpu_health_rule_status{rule="throttle"} 0\n' in prom
-    if shutil.which("promtool"):
-        lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True,
-                              check=False)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert_promtool_accepts(prom)
 
 
 def test_epilog_runs_the_memory_test_and_fails_the_job_end(tmp_path: Path) -> None:
@@ -360,37 +358,15 @@ if __name__ == "__main__":
 
 # --- the layer: rendered settings drive the program ----------------------------------------------------------------
 
-SCRATCH_IMAGE = """\
-name: health-scratch
-summary: a node with the gpu-health layer
-kind: node
-version: "0.0.1"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers: [base, gpu-health]
-outputs:
-  tags: [nodeforge/health-scratch:0.0.1]
-"""
-
-
-def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+SCRATCH_IMAGE = scratch_image("health-scratch", "a node with the gpu-health layer", ["base", "gpu-health"])
+HGX = "name: hgx\nsummary: 8-GPU NVSwitch nodes\nsite:\n  gpu: {model: H100-SXM5-80GB, count: 8}\n  fabric: nvswitch\n"
 
 
 @pytest.fixture
 def health_tree(tmp_path: Path) -> Path:
     """A tree of its own: the layers the image needs, the image, an 8-GPU NVSwitch site."""
-    tree = tmp_path / "tree"
-    for layer in ("base", "node-lib", "gpu-present", "gpu-health"):
-        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
-    (tree / "images").mkdir()
-    (tree / "images/health-scratch.yaml").write_text(SCRATCH_IMAGE)
-    (tree / "configs").mkdir()
-    (tree / "configs/hgx.yaml").write_text("name: hgx\nsummary: 8-GPU NVSwitch nodes\n"
-                                           "site:\n  gpu: {model: H100-SXM5-80GB, count: 8}\n  fabric: nvswitch\n")
-    return tree
+    return tree_with_layers(tmp_path, ("base", "node-lib", "gpu-present", "gpu-health"),
+                            {"health-scratch": SCRATCH_IMAGE}, {"hgx": HGX})
 
 
 def test_rendered_settings_drive_the_check(health_tree: Path, tmp_path: Path) -> None:

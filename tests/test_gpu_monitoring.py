@@ -21,6 +21,7 @@ import yaml
 from support.fake_tools import fake, fake_tools
 from support.fake_tools import overlay as overlay_scenario
 from support.programs import load_program
+from support.trees import nodeforge, scratch_image, tree_with_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR = ROOT / "layers/gpu-monitoring/files/nodeforge-gpu-metrics"
@@ -224,39 +225,15 @@ def test_files_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.Monke
 
 # --- the layer: rendered rules, scrape and DCGM configuration ---------------------------------
 
-SCRATCH_IMAGE = """\
-name: monitoring-scratch
-summary: a node with the gpu-monitoring layer
-kind: node
-version: "0.0.1"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers:
-  - base
-  - monitoring
-  - gpu-monitoring
-outputs:
-  tags: [nodeforge/monitoring-scratch:0.0.1]
-"""
+SCRATCH_IMAGE = scratch_image("monitoring-scratch", "a node with the gpu-monitoring layer",
+                              ["base", "monitoring", "gpu-monitoring"])
 
 
 @pytest.fixture
 def monitoring_tree(tmp_path: Path) -> Path:
     """A small tree of its own: the layers this image needs, the image, an empty config."""
-    tree = tmp_path / "tree"
-    for layer in ("base", "node-lib", "gpu-present", "monitoring", "gpu-monitoring"):
-        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
-    (tree / "images").mkdir()
-    (tree / "images/monitoring-scratch.yaml").write_text(SCRATCH_IMAGE)
-    (tree / "configs").mkdir()
-    (tree / "configs/default.yaml").write_text("name: default\nsummary: defaults\n")
-    return tree
-
-
-def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return tree_with_layers(tmp_path, ("base", "node-lib", "gpu-present", "monitoring", "gpu-monitoring"),
+                            {"monitoring-scratch": SCRATCH_IMAGE})
 
 
 def render(tree: Path, out: Path, *sets: str) -> Path:

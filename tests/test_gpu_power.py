@@ -7,7 +7,6 @@ exactly. No engine is needed.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from support.fake_tools import fake, fake_tools
 from support.fake_tools import overlay as overlay_scenario
 from support.programs import load_program
+from support.trees import nodeforge, scratch_image, tree_with_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers/gpu-power/files/nodeforge-gpu-power"
@@ -272,38 +272,15 @@ def test_governor_thresholds_must_leave_a_band(tmp_path: Path) -> None:
 
 # --- the layer --------------------------------------------------------------------------------
 
-SCRATCH_IMAGE = """\
-name: power-scratch
-summary: a node with the gpu-power layer
-kind: node
-version: "0.0.1"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers:
-  - base
-  - gpu-power: {power_limit_w: 500, power_limit_overrides: ["3:450"]}
-outputs:
-  tags: [nodeforge/power-scratch:0.0.1]
-"""
-
-
-def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+SCRATCH_IMAGE = scratch_image("power-scratch", "a node with the gpu-power layer",
+                              ["base", {"gpu-power": {"power_limit_w": 500, "power_limit_overrides": ["3:450"]}}])
 
 
 @pytest.fixture
 def power_tree(tmp_path: Path) -> Path:
     """A small tree of its own: the layers this image needs, the image, an empty config."""
-    tree = tmp_path / "tree"
-    for layer in ("base", "node-lib", "gpu-present", "gpu-power"):
-        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
-    (tree / "images").mkdir()
-    (tree / "images/power-scratch.yaml").write_text(SCRATCH_IMAGE)
-    (tree / "configs").mkdir()
-    (tree / "configs/default.yaml").write_text("name: default\nsummary: defaults\n")
-    return tree
+    return tree_with_layers(tmp_path, ("base", "node-lib", "gpu-present", "gpu-power"),
+                            {"power-scratch": SCRATCH_IMAGE})
 
 
 def test_rendered_settings_drive_the_script(power_tree: Path, tmp_path: Path) -> None:

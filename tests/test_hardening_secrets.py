@@ -25,6 +25,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from support.engine import own_namespace
 
 from builder import lockfile
 from builder.checks import rootfs, secrets
@@ -401,26 +402,9 @@ def test_the_package_step_reads_the_ca_bundle_and_records_no_part_of_it(
 def namespaced(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
     """Builds in an engine namespace of their own (every step built again; the bases' tarballs shared),
     the project's output tags put back afterwards."""
-    namespace = f"secrets{os.getpid()}"
     tags = ("nodeforge/container-base:bookworm", "nodeforge/cuda:12.9.1-base-debian12")
-    before = {}
-    for ref in tags:
-        try:
-            before[ref] = docker_client.api.inspect_image(ref)["Id"]
-        except docker.errors.ImageNotFound:
-            before[ref] = None
-    yield {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build"), "NODEFORGE_CACHE_NAMESPACE": namespace}
-    for ref, image_id in before.items():
-        repo, _, tg = ref.rpartition(":")
-        if image_id:
-            docker_client.api.tag(image_id, repo, tg)
-        else:
-            subprocess.run(["docker", "rmi", ref], capture_output=True)
-    for repo in (f"nodeforge-cache-{namespace}", f"nodeforge-base-{namespace}"):
-        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
-                              capture_output=True, text=True).stdout.split()
-        if refs:
-            subprocess.run(["docker", "rmi", *refs], capture_output=True)
+    with own_namespace(docker_client, tmp_path, f"secrets{os.getpid()}", tags) as env:
+        yield env
 
 
 def _build(env: dict[str, str], *argv: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:

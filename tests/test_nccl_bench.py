@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import Any
 
 import pytest
 from support.fake_tools import fake, fake_tools, program_env
+from support.metrics import assert_promtool_accepts
+from support.trees import nodeforge, scratch_image, tree_with_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers" / "nccl-bench" / "files" / "nccl-bench.py"
@@ -111,10 +112,7 @@ def test_textfile_metric(tmp_path: Path) -> None:
     assert 'nodeforge_nccl_bench_wrong_results{collective="all_reduce"} 49159\n' in prom
     assert (f'nodeforge_nccl_bench_busbw_gbytes_per_second{{collective="all_reduce",placement="out_of_place",'
             f'size="{8 * GIB}"}} ') in prom
-    if shutil.which("promtool"):
-        lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True,
-                              check=False)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert_promtool_accepts(prom)
 
 
 # --- the runner ---------------------------------------------------------------------------------------------------
@@ -155,35 +153,11 @@ def test_runner_without_nccl_tests_says_how_to_get_it(tmp_path: Path) -> None:
 
 # --- the layer: rendered settings drive the runner -----------------------------------------------------------------
 
-SCRATCH_IMAGE = """\
-name: nccl-scratch
-summary: an image with the nccl-bench layer
-kind: {kind}
-version: "0.0.1"
-from:
-  debian: {{suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}}
-source-date-epoch: 1735689600
-layers:
-  - base
-  - nccl-bench: {{floor_gbps: 400}}
-outputs:
-  tags: [nodeforge/nccl-scratch:0.0.1]
-"""
-
-
-def nodeforge(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
-
-
 def render(tmp_path: Path, kind: str) -> Path:
-    tree = tmp_path / "tree"
-    for layer in ("base", "node-lib", "nccl-bench"):
-        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
-    (tree / "images").mkdir()
-    (tree / "images/nccl-scratch.yaml").write_text(SCRATCH_IMAGE.format(kind=kind))
-    (tree / "configs").mkdir()
-    (tree / "configs/hgx.yaml").write_text("name: hgx\nsummary: s\nsite:\n  gpu: {model: H100, count: 8}\n")
+    image = scratch_image("nccl-scratch", "an image with the nccl-bench layer",
+                          ["base", {"nccl-bench": {"floor_gbps": 400}}], kind=kind)
+    tree = tree_with_layers(tmp_path, ("base", "node-lib", "nccl-bench"), {"nccl-scratch": image},
+                            {"hgx": "name: hgx\nsummary: s\nsite:\n  gpu: {model: H100, count: 8}\n"})
     out = tmp_path / "render"
     proc = nodeforge(tree, "render", "nccl-scratch", str(out), "-c", "hgx")
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ from typing import Any
 
 import docker
 import pytest
+from support.trees import scratch_image
 
 from builder.compose import compose
 from builder.compose.params import parse_sets
@@ -23,17 +24,8 @@ from builder.engine.recorded import built_plan, recorded
 from builder.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-IMAGE = """\
-name: newcomer
-summary: a small container image for the recorded-build tests
-kind: container
-version: "1.0"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers: [probe]
-outputs: {tags: ["nodeforge-test/newcomer:1.0"]}
-"""
+IMAGE = scratch_image("newcomer", "a small container image for the recorded-build tests", ["probe"], kind="container",
+                      version="1.0", tag="nodeforge-test/newcomer:1.0")
 LAYER = """\
 name: probe
 summary: writes one value into a file

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from support.fake_tools import fake, fake_tools
+from support.metrics import assert_promtool_accepts
 from support.programs import load_program
+from support.trees import nodeforge, scratch_image, tree_with_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "layers" / "numa-topology" / "files" / "numa-probe.py"
@@ -115,39 +117,18 @@ def test_json_record_and_textfile_metric(tmp_path: Path) -> None:
     assert 'nodeforge_numa_gpu_nic_cross_socket{gpu="0",nic="mlx5_0",path="SYS"} 1\n' in prom
     assert 'nodeforge_numa_gpu_nic_cross_socket{gpu="2",nic="mlx5_0",path="PIX"} 0\n' in prom
     assert 'nodeforge_numa_gpu_numa_node{gpu="3",bus_id="0000:ca:00.0"} 1\n' in prom
-    if shutil.which("promtool"):
-        lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True,
-                              check=False)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert_promtool_accepts(prom)
 
 
 # --- the layer: the boot unit's command line drives the probe ------------------------------------------------------
 
-SCRATCH_IMAGE = """\
-name: numa-scratch
-summary: a node with the numa-topology layer
-kind: node
-version: "0.0.1"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers: [base, numa-topology]
-outputs:
-  tags: [nodeforge/numa-scratch:0.0.1]
-"""
+SCRATCH_IMAGE = scratch_image("numa-scratch", "a node with the numa-topology layer", ["base", "numa-topology"])
 
 
 def test_boot_unit_runs_the_probe_with_valid_options(tmp_path: Path) -> None:
-    tree = tmp_path / "tree"
-    for layer in ("base", "node-lib", "numa-topology"):
-        shutil.copytree(ROOT / "layers" / layer, tree / "layers" / layer)
-    (tree / "images").mkdir()
-    (tree / "images/numa-scratch.yaml").write_text(SCRATCH_IMAGE)
-    (tree / "configs").mkdir()
-    (tree / "configs/default.yaml").write_text("name: default\nsummary: defaults\n")
+    tree = tree_with_layers(tmp_path, ("base", "node-lib", "numa-topology"), {"numa-scratch": SCRATCH_IMAGE})
     out = tmp_path / "render"
-    proc = subprocess.run([sys.executable, "-m", "builder", "--root", str(tree), "render", "numa-scratch", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    proc = nodeforge(tree, "render", "numa-scratch", str(out))
     assert proc.returncode == 0, proc.stderr
     unit = next(out.glob("*-numa-topology/root/etc/systemd/system/nodeforge-numa-probe.service")).read_text()
     (exec_start,) = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import docker
-import docker.errors
 import pytest
+from support.engine import own_namespace, remove_namespace
 
 from builder import lockfile
 from builder.debian import parse_dpkg_status
@@ -51,35 +51,12 @@ def mirror(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPath
     return dest
 
 
-def _cleanup(namespace: str) -> None:
-    """Remove the namespace's tags (by name: an id with child images cannot be removed, a tag can;
-    untagged parents go with their last child)."""
-    for repo in (f"nodeforge-cache-{namespace}", f"nodeforge-base-{namespace}"):
-        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
-                              capture_output=True, text=True).stdout.split()
-        if refs:
-            subprocess.run(["docker", "rmi", *refs], capture_output=True)
-
-
 @pytest.fixture
 def isolated(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
     """An environment sharing nothing with earlier builds; the output tags put back afterwards."""
-    namespace = f"offline{os.getpid()}"
-    before: dict[str, str | None] = {}
-    for ref in (TAG, *CUDA_TAGS):
-        try:
-            before[ref] = docker_client.api.inspect_image(ref)["Id"]
-        except docker.errors.ImageNotFound:
-            before[ref] = None
-    yield {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp_path / "build"), "NODEFORGE_CACHE_NAMESPACE": namespace,
-           "NODEFORGE_CACHE": str(tmp_path / "cache")}
-    for ref, image_id in before.items():
-        repo, _, tag = ref.rpartition(":")
-        if image_id:
-            docker_client.api.tag(image_id, repo, tag)
-        else:
-            subprocess.run(["docker", "rmi", ref], capture_output=True)
-    _cleanup(namespace)
+    with own_namespace(docker_client, tmp_path, f"offline{os.getpid()}", (TAG, *CUDA_TAGS),
+                       NODEFORGE_CACHE=str(tmp_path / "cache")) as env:
+        yield env
 
 
 def test_the_network_namespace_has_no_network() -> None:
@@ -243,4 +220,4 @@ def test_the_engine_imports_a_checked_base_and_caches_no_other(tmp_path: Path, d
         image = docker_client.images.get(f"nodeforge-base-{namespace}:{'f' * 64}")
         assert image.attrs["Config"]["Env"] == [f"PATH={bootstrap.PATH}"]
     finally:
-        _cleanup(namespace)
+        remove_namespace(namespace)

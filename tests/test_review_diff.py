@@ -11,6 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from support.trees import scratch_image
 
 from builder import diff
 from builder.compose import compose
@@ -19,16 +20,8 @@ from builder.manifest import history
 from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
 
-IMAGE = """name: rv
-summary: a small container image for the review diff test
-kind: container
-version: "1.0"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers: [site]
-outputs: {tags: ["nodeforge-test/rv:1.0"]}
-"""
+IMAGE = scratch_image("rv", "a small container image for the review diff test", ["site"], kind="container",
+                      version="1.0", tag="nodeforge-test/rv:1.0")
 SITE = """name: site
 summary: the site's time server
 applies-to: [container]

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from support.trees import SITE_LAYER
 
 from builder import lockfile
 from builder.compose import compose
@@ -17,17 +18,6 @@ from builder.definitions.load import load_tree
 from builder.paths import build_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SITE_LAYER = """\
-name: site-motd
-summary: a site's message of the day
-applies-to: [container, node]
-requires: [base]
-params:
-  text: {type: str, default: "welcome", doc: the message}
-files:
-  - {path: /etc/site-motd, content: "{{ text }}\\n"}
-"""
 
 
 def _config(root: Path, name: str, text: str, kind: str = "container") -> None:

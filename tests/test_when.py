@@ -13,6 +13,7 @@ from typing import Any
 
 import docker
 import pytest
+from support.trees import scratch_image
 
 from builder.compose import compose
 from builder.compose.params import parse_sets
@@ -58,17 +59,8 @@ tests:
     when: "{{{{ image.kind == 'node' }}}}"
     service: {{name: {UNIT}, enabled: true}}
 """
-CONTAINER = """\
-name: when-container
-summary: a container with the two-kind layer
-kind: container
-version: "1.0"
-from:
-  debian: {suite: bookworm, components: [main, contrib, non-free, non-free-firmware]}
-source-date-epoch: 1735689600
-layers: [timesync]
-outputs: {tags: ["nodeforge-test/when-container:1.0"]}
-"""
+CONTAINER = scratch_image("when-container", "a container with the two-kind layer", ["timesync"], kind="container",
+                          version="1.0", tag="nodeforge-test/when-container:1.0")
 
 
 def scratch(tmp: Path) -> Path:

@@ -36,12 +36,16 @@ def build_command(root: Path, image: str, config: str | None, sets: list[str]) -
     return cmd
 
 
-def build_isolated(cmd: list[str], build_dir: Path, namespace: str) -> None:
-    """Run `cmd` (a build) with its own build directory and engine namespace ("": the default one)."""
+def build_isolated(cmd: list[str], build_dir: Path, namespace: str, side: str = "") -> None:
+    """Run `cmd` (a build) with its own build directory and engine namespace ("": the default one);
+    its output goes to a log beside the build and, line by line under the side's name, to stderr."""
     env = {**os.environ, BUILD_DIR_VARIABLE: str(build_dir), NAMESPACE_VARIABLE: namespace}
     log = build_dir.parent / f"{namespace or build_dir.name}.log"
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    with log.open("w") as f, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True, errors="replace") as proc:
+        for line in proc.stdout or ():
+            f.write(line)
+            print(f"repro {side or build_dir.name}: {line}", end="", file=sys.stderr, flush=True)
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise BuildFailed(f"build {namespace} failed (exit {proc.returncode}; log {log}):\n{tail}")
@@ -122,7 +126,8 @@ def repro(tree: Tree, image: str, config: str | None, set_args: list[str], sets:
     try:
         for side, ns in zip(SIDES, namespaces, strict=True):
             print(f"[{image}] build {side.upper()} (namespace {ns}) ...", flush=True)
-            build_isolated(build_command(tree.root, image, config, set_args), work / f"build-{side}", ns)
+            build_isolated(build_command(tree.root, image, config, set_args), work / f"build-{side}", ns,
+                           side)
             ids.append(engine.inspect(c, plan.tags[0])["Id"])
         lines = _compare(c, work, plan, ids, diffoscope)
     finally:

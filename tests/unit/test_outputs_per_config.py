@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.trees import SITE_LAYER
 
 from builder import lockfile
 from builder.compose import compose
@@ -17,17 +18,6 @@ from builder.engine import sbom
 from builder.manifest import document
 from builder.node import assemble
 from builder.paths import build_dir
-
-SITE_LAYER = """\
-name: site-motd
-summary: a site's message of the day
-applies-to: [container, node]
-requires: [base]
-params:
-  text: {type: str, default: "welcome", doc: the message}
-files:
-  - {path: /etc/site-motd, content: "{{ text }}\\n"}
-"""
 
 
 @pytest.fixture
