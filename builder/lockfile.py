@@ -62,6 +62,18 @@ def resolved_path(root: Path, image: str, config: str | None = None) -> Path:
     return build_dir(root) / "resolved" / f"{lock_name(image, config)}.lock"
 
 
+def kept_resolutions(root: Path) -> dict[str, Lock]:
+    """The resolutions builds kept under build/resolved/, by lock name: what stood in for a lock file
+    that pinned too little when those images were built."""
+    out: dict[str, Lock] = {}
+    for p in sorted((build_dir(root) / "resolved").glob("*.lock")):
+        image, _, config = p.stem.partition("@")
+        kept = read(root, image, config or None, p)
+        if kept is not None:
+            out[p.stem] = kept
+    return out
+
+
 def lock_command(image: str, config: str | None = None) -> str:
     return f"nodeforge lock {image}" + (f" -c {config}" if config else "")
 

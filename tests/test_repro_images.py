@@ -19,6 +19,7 @@ import docker
 import pytest
 from support.offline import offline_sets, offline_sources
 
+from builder.compose.image import compose, output_name
 from builder.compose.params import parse_sets
 from builder.definitions.load import load_tree
 from builder.plan import sha256_file
@@ -47,7 +48,9 @@ def build_twice(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[
         for side, ns in (("a", ""), ("b", namespace)):
             (tmp_path / f"build-{side}").mkdir()
             twice.build_isolated(cmd, tmp_path / f"build-{side}", ns)
-        return tmp_path / "build-a" / "images" / image, tmp_path / "build-b" / "images" / image
+        # a config that changes the image owns NAME@CONFIG (compose.image.output_name)
+        out = output_name(compose(tree, image, config, parse_sets(sets)))
+        return tmp_path / "build-a" / "images" / out, tmp_path / "build-b" / "images" / out
 
     try:
         yield run

@@ -15,6 +15,7 @@ from support.trees import scratch_image
 
 from builder import diff
 from builder.compose import compose
+from builder.compose.image import output_name
 from builder.definitions.load import load_tree
 from builder.manifest import history
 from builder.pipeline import Builder, BuildResult
@@ -57,7 +58,7 @@ def two_builds(docker_client: docker.DockerClient, tmp_path_factory: pytest.Temp
     (t / "configs" / "site.yaml").write_text(CONFIG.format(server="ntp-b.example"))
     second = build(t)
     assert first.plan.key != second.plan.key
-    image_dir = t / "build" / "images" / "rv"
+    image_dir = t / "build" / "images" / output_name(second.plan)  # rv@site: the config changes the image
     return t, image_dir, Path(str(first.plan.key)), Path(str(second.plan.key))
 
 

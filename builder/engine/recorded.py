@@ -24,6 +24,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from .. import lockfile
 from ..compose.image import compose
 from ..compose.params import Overrides, parse_sets
 from ..definitions.load import Tree
@@ -85,6 +86,11 @@ def built_plan(tree: Tree, image_ref: str, config: str | None, sets: Overrides, 
     rec = recorded(labels) if labels is not None else None
     if rec is None or rec.key == plan.key:
         return plan, config, sets
+    kept = lockfile.kept_resolutions(tree.root)  # a build whose lock file pinned too little used these
+    if kept:
+        with_kept = compose(tree, image_ref, config, sets, locks=kept)
+        if with_kept.key == rec.key:
+            return with_kept, config, sets
     given = (["-c", config] if config else []) + [a for s in plan.sets for a in ("--set", s)]
     tag = plan.tags[0]
     if not given:
