@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # make gpu-check: on a machine with an NVIDIA GPU (driver and NVIDIA Container Toolkit installed):
+# 0. what the driver itself reports: the profiling option under the key /proc/driver/nvidia/params
+#    prints (RmProfilingAdminOnly), DMA-BUF support (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, which the
+#    open kernel modules give and GPUDirect RDMA through DMA-BUF needs), and the NVIDIA display/3D
+#    controllers on the PCI bus (vendor 0x10de, class 0x0300/0x0302) against the GPUs nvidia-smi -L lists;
 # 1. the node layers' programs against the real nvidia-smi, without booting an image: the power
 #    unit in dry-run, the GPU textfile collector and `promtool check metrics` on its output, the
 #    health check (JSON, no drain) and the topology probe;
@@ -52,6 +56,49 @@ promtool_check() {  # exit 1 is a format error; exit 3 with only DCGM's naming l
       "$work/lint"; then return 1; fi
   ((rc == 0 || rc == 3))
 }
+driver_params() {  # the option's registry key, as the driver prints it (not the NVreg_ alias)
+  grep -E '^RmProfilingAdminOnly: [01]$' /proc/driver/nvidia/params
+}
+dmabuf_supported() {  # cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124) for every GPU
+  local open=0
+  grep -q 'Open Kernel Module' /proc/driver/nvidia/version && open=1
+  head -1 /proc/driver/nvidia/version
+  python3 - "$open" <<'PY'
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+n, v = ctypes.c_int(), ctypes.c_int()
+if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+    print("cuInit or cuDeviceGetCount failed")
+    sys.exit(2)
+bad = 0
+for i in range(n.value):
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), i)
+    rc = cuda.cuDeviceGetAttribute(ctypes.byref(v), 124, dev)
+    print(f"GPU {i}: DMA-BUF supported = {v.value if rc == 0 else 'unknown (rc %d)' % rc}")
+    bad += rc != 0 or v.value != 1
+if bad and sys.argv[1] == "1":
+    print("the open kernel modules are loaded but the driver reports no DMA-BUF support")
+    sys.exit(2)
+if bad:
+    print("proprietary kernel modules: no DMA-BUF (GPUDirect RDMA needs the open modules or OFED's peermem)")
+    sys.exit(1)
+PY
+}
+pci_count() {  # NVIDIA GPUs on the PCI bus against the GPUs the driver lists
+  local pci=0 dev smi
+  for dev in /sys/bus/pci/devices/*; do
+    [[ $(<"$dev/vendor") == 0x10de ]] || continue
+    case $(<"$dev/class") in 0x0300*|0x0302*) pci=$((pci + 1)) ;; esac
+  done
+  smi=$(nvidia-smi -L | grep -c '^GPU ')
+  echo "PCI: $pci NVIDIA GPUs (class 0x0300/0x0302); nvidia-smi -L: $smi"
+  ((pci == smi)) || { echo "the driver sees $smi of $pci GPUs (a GPU fell off the bus, failed to initialise or is excluded)"; return 1; }
+}
+step "driver option key: RmProfilingAdminOnly in /proc/driver/nvidia/params" driver_params
+# exit 1: proprietary modules without DMA-BUF, a fact about this machine; 2 and above are failures
+step --fail-from 2 "DMA-BUF support reported by the driver (open kernel modules)" dmabuf_supported
+step "GPUs on the PCI bus equal the GPUs the driver lists" pci_count
 smi=$(command -v nvidia-smi)
 step "gpu-power apply --dry-run (clamped to each GPU's range, nothing set)" \
   python3 layers/gpu-power/files/nodeforge-gpu-power apply --dry-run --nvidia-smi "$smi" --power-limit 100000
@@ -62,7 +109,7 @@ step "GPU textfile collector" \
     promtool_check "$work/textfile"
 # gpu-health: 1 and 2 are honest findings (WARNING, CRITICAL) on a real node; 3 (UNKNOWN) means a query failed
 step --fail-from 3 "gpu-health (JSON, no drain)" \
-  python3 layers/gpu-health/files/gpu-health.py --nvidia-smi "$smi" --xid-policy layers/gpu-health/files/xid-policy.tsv \
+  python3 layers/gpu-health/files/gpu-health.py --nvidia-smi "$smi" --xid-policy layers/node-lib/files/xid-policy.tsv \
     --drain no --json
 # numa probe: 1 is a cross-socket GPU/NIC warning about the machine; 2 and above are failures
 step --fail-from 2 "numa-topology probe" python3 layers/numa-topology/files/numa-probe.py --nvidia-smi "$smi" --json
