@@ -24,7 +24,7 @@ from support.trees import nodeforge, scratch_image, tree_with_layers
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ROOT / "layers" / "gpu-health" / "files"
 SCRIPT = FILES / "gpu-health.py"
-POLICY = FILES / "xid-policy.tsv"
+POLICY = ROOT / "layers" / "node-lib" / "files" / "xid-policy.tsv"  # the node's one Xid policy
 EPILOG = FILES / "gpu-health-epilog"
 GPU = ROOT / "tests" / "fixtures" / "gpu"
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -88,8 +88,10 @@ def test_healthy_machine_passes_every_rule(tmp_path: Path, gpu: str, args: list[
     assert doc["findings"] == [] and doc["failed_rules"] == [] and doc["unknown"] == []
     assert doc["gpus"] == int(args[1])
     assert run.updates() == [], "a healthy idle node must not be drained or resumed"
-    queries = [a for a in run.argv("nvidia-smi") if a[0].startswith("--query-gpu=")]
-    assert len(queries) == 1, "one nvidia-smi query for every GPU's data, not one per GPU"
+    queries = [a[0].split(",")[2] for a in run.argv("nvidia-smi") if a[0].startswith("--query-gpu=")]
+    # one nvidia-smi query for every GPU's data (and one for the fabric: H4), not one per GPU
+    assert queries == ["name", "fabric.state"] if "--fabric" in args else ["name"], queries
+    assert not [a for a in run.argv("nvidia-smi") if "-i" in a]
 
 
 def test_application_xids_are_ignored_not_faults(tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ FIRING = [
     ("health-memtest", "memtest", ["--memtest", "--memtest-command", MEMTEST], 2, True),
     ("health-pcie-width", "pcie-width", [], 2, True),
     ("health-pcie-gen", "pcie-gen", [], 2, True),
-    ("health-persistence", "persistence", [], 2, True),
+    ("health-persistence", "persistence", [], 1, False),  # H3: a latency problem, not a fault
     ("health-ecc-aggregate", "ecc-aggregate", [], 1, False),
     ("health-throttle", "throttle", [], 1, False),
 ]
@@ -331,7 +333,7 @@ def test_epilog_runs_the_memory_test_and_fails_the_job_end(tmp_path: Path) -> No
     conf.write_text(f"[gpu-health]\nnvidia-smi = {FAKES / 'nvidia-smi'}\ndmesg-command = {FAKES / 'dmesg'}\n"
                     f"xid-policy = {POLICY}\nmemtest-command = {MEMTEST}\nscontrol = {FAKES / 'scontrol'}\n")
     env, calls = fake_tools(fixture, tmp_path, NODEFORGE_GPU_HEALTH=f"{sys.executable} {SCRIPT}",
-                            NODEFORGE_GPU_HEALTH_CONFIG=str(conf))
+                            NODEFORGE_GPU_HEALTH_CONFIG=str(conf), SLURM_JOB_EXIT_CODE="256")  # the job failed
     run = subprocess.run([str(EPILOG)], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "memtest" in run.stdout

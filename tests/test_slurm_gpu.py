@@ -39,7 +39,10 @@ summary: Debian's slurmd and slurmctld, to parse generated Slurm configuration
 applies-to: [container]
 requires: [base]
 packages:
-  apt: [slurmd, slurmctld]
+  apt: [slurmd, slurmctld, libpmix2]
+steps:
+  - name: the PMIx library where mpi_pmix_v4.so opens it (as layers/slurm-gpu does)
+    run: ln -sfn libpmix.so.2 /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so
 """
 PARSE_IMAGE = """\
 name: slurm-parse
@@ -230,3 +233,47 @@ def test_the_nvml_plugin_cannot_be_installed_beside_bookworms_slurm(docker_clien
         pytest.skip("the Debian archive cannot be reached from a container here")
     assert re.search(r"slurm-wlm-nvml-plugin : Depends: slurm-wlm-basic-plugins \(= [^)]+\) but \S+ is to be installed",
                      run.output), run.output
+
+
+SHOW_CONFIG = """
+    [ -s /etc/munge/munge.key ] || { mungekey -c -f; chown munge:munge /etc/munge/munge.key; }
+    mkdir -p /run/munge && chown munge:munge /run/munge
+    runuser -u munge -- /usr/sbin/munged || echo "munged did not start"
+    slurmctld -D -v > /tmp/slurmctld.log 2>&1 & pid=$!
+    for i in $(seq 1 90); do
+        grep -q 'Running as primary controller' /tmp/slurmctld.log && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 1
+    done
+    for i in $(seq 1 30); do scontrol show config > /tmp/config 2>&1 && break; sleep 1; done
+    cat /tmp/config
+    kill $pid 2>/dev/null; wait $pid
+    echo "--- slurmctld log"; cat /tmp/slurmctld.log
+"""
+
+
+def effective_config(client: Any, image: str, files: dict[str, str]) -> tuple[dict[str, str], str]:
+    """`scontrol show config` of a real slurmctld running on `files`: {key: value}, and the whole output."""
+    run = run_slurm(client, image, files, SHOW_CONFIG, timeout=180)
+    config = dict(re.findall(r"^(\w+)\s+= (.*?)\s*$", run.output.split("--- slurmctld log")[0], re.M))
+    return config, run.output
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_s1_s3_slurmctld_applies_the_job_limits_and_plugins(docker_client: Any, slurm_image: str) -> None:
+    files = generated()
+    config, output = effective_config(docker_client, slurm_image, files)
+    assert config.get("PropagateResourceLimitsExcept") == "MEMLOCK", output  # S1: jobs keep the node's memlock
+    assert config.get("MpiDefault") == "pmix", output
+    assert config.get("JobAcctGatherType") == "jobacct_gather/cgroup", output
+    assert "Contain" in config.get("PrologFlags", ""), output
+    assert config.get("Epilog") == "/usr/lib/nodeforge/gpu-health-epilog", output
+    assert "fatal" not in output.lower() and not re.search(r"error: .*(pmix|mpi|jobacct)", output, re.I), output
+    # the configuration before S1: every limit of the submitting shell, memlock included, reaches the job
+    files["/etc/slurm/nodeforge-gpu-nodes.conf"] = "".join(
+        line for line in files["/etc/slurm/nodeforge-gpu-nodes.conf"].splitlines(keepends=True)
+        if not line.startswith("PropagateResourceLimitsExcept"))
+    old, output = effective_config(docker_client, slurm_image, files)
+    assert old.get("PropagateResourceLimits") == "ALL", output
+    assert old.get("PropagateResourceLimitsExcept") in (None, "(null)"), output

@@ -5,7 +5,8 @@ Rules (each named in the output, the JSON result, the metric and the drain reaso
 
   nvidia-smi      nvidia-smi failed, hung past its timeout, or could not reach a GPU
   gpu-count       fewer GPUs than expected
-  xid             Xid events in the kernel log, judged by the Xid policy table
+  xid             Xid events in the kernel log since the GPU's last successful reset, judged by the
+                  node's Xid policy table (/usr/share/nodeforge/xid-policy.tsv, layer node-lib)
   nvrm            driver failures without an Xid (RmInitAdapter failed, GPU lost)
   ecc-volatile    uncorrectable ECC errors since the last driver load
   ecc-aggregate   uncorrectable ECC errors over the GPU's lifetime above a limit
@@ -14,16 +15,21 @@ Rules (each named in the output, the JSON result, the metric and the drain reaso
   retired-pages   pages pending retirement, or more retired pages than the limit (pre-Ampere)
   pcie-gen        PCIe link generation below expected (not judged while the GPU idles)
   pcie-width      PCIe link width below expected
-  persistence     persistence mode off
-  fabric          NVSwitch fabric registration not Completed/Success
+  persistence     persistence mode off (a warning: slow job starts, not a fault)
+  fabric          NVSwitch fabric registration not Completed/Success (--query-gpu=fabric.*, or
+                  -q -i N per GPU on drivers without those fields; no answer is UNKNOWN)
   throttle        clock throttle reasons from the configured set are active
-  memtest         the configured memory test failed (only with --memtest; epilog use)
+  memtest         the configured memory test failed (only with --memtest: the epilog after a
+                  failed job, or the idle timer with --memtest-if-idle)
 
 Slurm contract: Slurm ignores HealthCheckProgram's exit status and kills it after 60 s, so
 this program drains the node itself (scontrol update ... State=DRAIN Reason="gpu-health:
 <rule>: <detail>"), resumes only a node whose drain reason carries its own prefix, asks
 nvidia-smi once per kind of data (never once per GPU), gives every command a timeout, and
-stops asking once its deadline is spent. It never sleeps.
+stops asking once its deadline is spent. It never sleeps. A reset (--reset) stops the units that hold
+the GPUs (nvidia-dcgm, nodeforge-dcgm-exporter) around it and starts them again whatever it did, and a
+successful one is recorded in --state-dir (last-reset-<bus>: boot id and seconds since boot), so the
+Xids it dealt with no longer count and the node resumes.
 
 The kernel log comes from `dmesg` (--dmesg-command), or a file (--kernel-log); the journal works
 too: --dmesg-command "journalctl -k -b -o short-monotonic --no-pager" prints the same
@@ -41,9 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodeforge_gpu_health import RULES, STATUS_NAMES, THROTTLE_BITS, UNKNOWN, XID_ACTIONS, Result
+from nodeforge_gpu_health import RULES, STATUS_NAMES, THROTTLE_BITS, UNKNOWN, Result
 from nodeforge_gpu_health_check import Check
-from nodeforge_node import Metrics, config_defaults, finish
+from nodeforge_node import XID_ACTIONS, XID_POLICY, Metrics, config_defaults, finish
 
 __all__ = ["RULES", "main"]
 
@@ -119,7 +125,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dmesg-command", default="dmesg", help="command printing the kernel log")
     p.add_argument("--kernel-log", default=None, help="read the kernel log from this file instead")
     p.add_argument("--proc-root", default="/proc")
-    p.add_argument("--xid-policy", default="/usr/share/nodeforge/gpu-health/xid-policy.tsv")
+    p.add_argument("--xid-policy", default=XID_POLICY, help="the node's Xid policy table (layer node-lib)")
     for action in XID_ACTIONS:
         p.add_argument(f"--xid-{action}", type=int_list, default=[], help=f"Xid codes to {action} (over the table)")
     p.add_argument("--xid-unknown", choices=("drain", "reset", "warn", "ignore"), default="warn")
@@ -137,9 +143,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric", choices=("auto", "check", "skip"), default="auto",
                    help="auto: check when /proc/driver/nvidia-nvswitch/devices lists NVSwitches")
     p.add_argument("--memtest", action="store_true", help="run the memory test (slow: for an epilog)")
+    p.add_argument("--memtest-if-idle", action="store_true",
+                   help="with --memtest: only when no process uses a GPU (the idle timer)")
     p.add_argument("--memtest-command", default="dcgmi diag -r memory")
     p.add_argument("--memtest-timeout", type=int, default=600)
     p.add_argument("--reset", action="store_true", help="reset GPUs that need it when no process uses them")
+    p.add_argument("--reset-stop-units", type=name_list,
+                   default=["nvidia-dcgm.service", "nodeforge-dcgm-exporter.service"],
+                   help="units stopped around a reset (they hold the GPUs) and started again after it")
+    p.add_argument("--systemctl", default="systemctl")
+    p.add_argument("--state-dir", default="/var/lib/nodeforge/gpu-health",
+                   help="where a successful reset is recorded: Xids logged before it no longer count")
     p.add_argument("--drain", choices=("auto", "yes", "no"), default="auto",
                    help="drain/resume the Slurm node (auto: when scontrol is installed)")
     p.add_argument("--node", default=None, help="Slurm node name (default: hostname -s)")

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodeforge_node import cell
+from nodeforge_node import cell, read_xid_policy, write_atomic
 
 PREFIX = "gpu-health:"
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
@@ -29,6 +29,9 @@ QUERY_FIELDS = ("index", "pci.bus_id", "name", "persistence_mode", "pcie.link.ge
                 "retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count", "retired_pages.pending",
                 "remapped_rows.pending", "remapped_rows.failure", "clocks_throttle_reasons.active")
 
+# the fabric rule's query (drivers 550 and later; the 535 branch answers "is not a valid field")
+FABRIC_FIELDS = ("index", "pci.bus_id", "fabric.state", "fabric.status")
+
 # NVML clocks event (throttle) reason bits, as nvidia-smi names the matching query fields
 THROTTLE_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
                  "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
@@ -41,7 +44,6 @@ NVML_CODES = {2: "invalid argument", 3: "not supported", 4: "no permission", 6: 
               15: "GPU is lost", 16: "GPU needs reset", 17: "operating system call failed",
               999: "unknown error"}
 
-XID_ACTIONS = ("drain", "reset", "warn", "ignore")
 NVRM_PATTERNS = (
     re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})[^:]*:"
                r"\s*(?P<what>RmInitAdapter failed!?.*)"),
@@ -144,21 +146,75 @@ def as_int(v: str | None) -> int | None:
     return int(m.group(1), 0)
 
 
-
 def load_policy(path: Path, overrides: dict[str, list[int]]) -> dict[int, tuple[str, str]]:
-    """code -> (action, description), from the policy table and then the per-action overrides."""
-    policy: dict[int, tuple[str, str]] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.split("#", 1)[0].rstrip()
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        if len(parts) < 3 or not parts[0].strip().isdigit() or parts[1].strip() not in XID_ACTIONS:
-            raise ValueError(f"{path}:{number}: expected 'code<TAB>action<TAB>description' with action one of "
-                             f"{', '.join(XID_ACTIONS)}, found {line!r}")
-        policy[int(parts[0])] = (parts[1].strip(), parts[2].strip())
-    for action, codes in overrides.items():
-        for code in codes:
-            policy[code] = (action, policy.get(code, (action, "set by site policy"))[1])
-    return policy
+    """code -> (action, description): the node's one Xid policy table (node-lib's reader, the same one
+    nodeforge-xid-rules generates the alerts from) with the per-action overrides."""
+    return read_xid_policy(path, overrides)
 
+
+def fabric_from_q(text: str) -> dict[str, dict[str, str]]:
+    """bus -> {State, Status} of the Fabric sections of `nvidia-smi -q` (all GPUs or one, -i N)."""
+    state: dict[str, dict[str, str]] = {}
+    bus, in_fabric = "", False
+    for line in text.splitlines():
+        g = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$", line)
+        if g:
+            bus, in_fabric = bus_key(g.group(1)), False
+            continue
+        section = re.match(r"^    (\S.*?)\s*(?::\s*(.*))?$", line)
+        if section:
+            in_fabric = section.group(1) == "Fabric" and not section.group(2)
+            continue
+        kv = re.match(r"^        (State|Status)\s*:\s*(.*)$", line)
+        if in_fabric and kv and bus:
+            state.setdefault(bus, {})[kv.group(1)] = kv.group(2).strip()
+    return state
+
+
+def line_bus(line: str, xid: re.Match[str] | None) -> str:
+    """The bus key an Xid or NVRM line names, '' for other lines."""
+    if xid:
+        return bus_key(xid.group("bus"))
+    for pattern in NVRM_PATTERNS if "NVRM" in line else ():
+        n = pattern.search(line)
+        if n:
+            return bus_key(n.group("bus"))
+    return ""
+
+
+# -- resets: Xids are counted since the GPU's last successful reset -------------------------------------
+def boot_id(proc_root: str) -> str:
+    try:
+        return (Path(proc_root) / "sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def reset_marks(state_dir: str, proc_root: str) -> dict[str, float]:
+    """bus key -> seconds since boot of the last successful reset in this boot (files last-reset-<bus>,
+    'boot_id seconds'); a mark from an earlier boot is void (its kernel log is gone with it)."""
+    marks: dict[str, float] = {}
+    current = boot_id(proc_root)
+    folder = Path(state_dir)
+    if not current or not folder.is_dir():
+        return marks
+    for path in folder.glob("last-reset-*"):
+        try:
+            boot, seconds = path.read_text(encoding="utf-8").split()[:2]
+            if boot == current:
+                marks[bus_key(path.name.removeprefix("last-reset-"))] = float(seconds)
+        except (OSError, ValueError):
+            continue
+    return marks
+
+
+def mark_reset(state_dir: str, proc_root: str, bus: str, seconds: float | None) -> str:
+    """Record a successful reset of `bus` at `seconds` since boot; '' or why it could not be recorded."""
+    current = boot_id(proc_root)
+    if seconds is None or not current:
+        return "no boot id or uptime to record the reset against: its Xids keep counting"
+    try:
+        write_atomic(Path(state_dir) / f"last-reset-{bus_key(bus)}", f"{current} {seconds:.6f}\n")
+    except OSError as exc:
+        return f"could not record the reset in {state_dir}: {exc.strerror}"
+    return ""

@@ -14,6 +14,7 @@ from typing import Any
 from nodeforge_gpu_health import (
     CRITICAL,
     DMESG_TIME,
+    FABRIC_FIELDS,
     NVML_CODES,
     NVRM_PATTERNS,
     OK,
@@ -29,7 +30,11 @@ from nodeforge_gpu_health import (
     Runner,
     as_int,
     bus_key,
+    fabric_from_q,
+    line_bus,
     load_policy,
+    mark_reset,
+    reset_marks,
 )
 from nodeforge_node import parse_csv_with_header
 
@@ -123,12 +128,17 @@ class Check:
         by_bus = {bus_key(g.bus_id): g for g in self.result.gpus}
         seen: dict[tuple[str, int], tuple[int, str]] = {}
         nvrm: dict[str, str] = {}
+        marks = reset_marks(self.args.state_dir, self.args.proc_root)
+        before_reset: dict[str, int] = {}
         for line in text.splitlines():
-            if window and now is not None:
-                t = DMESG_TIME.match(line)
-                if t and now - float(t.group("t")) > window:
-                    continue
+            t = DMESG_TIME.match(line)
+            if window and now is not None and t and now - float(t.group("t")) > window:
+                continue
             m = XID_LINE.search(line)
+            bus = line_bus(line, m)
+            if t and bus in marks and float(t.group("t")) <= marks[bus]:
+                before_reset[bus] = before_reset.get(bus, 0) + 1  # the reset already dealt with it
+                continue
             if m:
                 key = (bus_key(m.group("bus")), int(m.group("code")))
                 count, _ = seen.get(key, (0, ""))
@@ -138,6 +148,10 @@ class Check:
                 n = pattern.search(line)
                 if n:
                     nvrm.setdefault(bus_key(n.group("bus")), n.group("what").strip())
+        for bus, count in sorted(before_reset.items()):
+            gpu = by_bus.get(bus)
+            self.result.notes.append(f"{gpu.label if gpu else 'GPU ' + bus}: {count} driver events before its last "
+                                     f"reset (at {marks[bus]:.0f} s after boot): not counted")
         for (bus, code), (count, text_) in sorted(seen.items()):
             action, name = policy.get(code, (self.args.xid_unknown, "not in the policy table"))
             gpu = by_bus.get(bus)
@@ -185,7 +199,8 @@ class Check:
             idle = reasons is not None and bool(reasons & THROTTLE_BITS["gpu_idle"])
             self.rule_pcie(g, idle)
             if v.get("persistence_mode") == "Disabled":
-                self.add("persistence", f"{g.label}: persistence mode off (is nvidia-persistenced running?)", g)
+                self.add("persistence", f"{g.label}: persistence mode off (is nvidia-persistenced running?): slow "
+                         "job starts, not a fault", g, severity=WARNING)
             if reasons:
                 active = [n for n in a.throttle_reasons if reasons & THROTTLE_BITS[n]]
                 if active:
@@ -214,24 +229,9 @@ class Check:
             devices = Path(self.args.proc_root) / "driver/nvidia-nvswitch/devices"
             if not (devices.is_dir() and any(devices.iterdir())):
                 return
-        code, out, err = self.smi("-q")
-        if code is None or code == 127:
-            self.add("fabric", f"nvidia-smi -q gave no answer: {err}")
+        state = self.fabric_states()
+        if state is None:
             return
-        state: dict[str, dict[str, str]] = {}
-        bus, in_fabric = "", False
-        for line in out.splitlines():
-            g = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$", line)
-            if g:
-                bus, in_fabric = bus_key(g.group(1)), False
-                continue
-            section = re.match(r"^    (\S.*?)\s*(?::\s*(.*))?$", line)
-            if section:
-                in_fabric = section.group(1) == "Fabric" and not section.group(2)
-                continue
-            kv = re.match(r"^        (State|Status)\s*:\s*(.*)$", line)
-            if in_fabric and kv and bus:
-                state.setdefault(bus, {})[kv.group(1)] = kv.group(2).strip()
         for gpu in self.result.gpus:
             s = state.get(bus_key(gpu.bus_id), {})
             st, status = s.get("State", "N/A"), s.get("Status", "N/A")
@@ -241,6 +241,30 @@ class Check:
                 self.add("fabric", f"{gpu.label}: fabric state {st}, status {status} "
                          "(is nvidia-fabricmanager running, at the driver's version?)", gpu)
 
+    def fabric_states(self) -> dict[str, dict[str, str]] | None:
+        """bus -> {State, Status}: one --query-gpu on drivers 550 and later, `-q -i N` per GPU where the
+        driver lacks the fields (the 535 branch), never a full -q of every GPU. A query that hangs or
+        fails says UNKNOWN (None): the fabric was not read, which is not a fabric fault."""
+        code, out, err = self.smi(f"--query-gpu={','.join(FABRIC_FIELDS)}", "--format=csv")
+        if code == 0:
+            rows, _ = parse_csv_with_header(out, FABRIC_FIELDS)
+            if rows:
+                return {bus_key(r.get("pci.bus_id") or ""): {"State": r.get("fabric.state") or "N/A",
+                                                             "Status": r.get("fabric.status") or "N/A"} for r in rows}
+        if code is not None and code != 127 and (code == 2 or "is not a valid field" in out + err):
+            state: dict[str, dict[str, str]] = {}
+            for gpu in self.result.gpus:
+                qcode, qout, qerr = self.smi("-q", "-i", str(gpu.index))
+                if qcode != 0:
+                    self.result.unknown.append(f"fabric: nvidia-smi -q -i {gpu.index} gave no answer: "
+                                               f"{qerr.strip() or qcode}")
+                    return None
+                state.update(fabric_from_q(qout))
+            return state
+        self.result.unknown.append(f"fabric: nvidia-smi --query-gpu={','.join(FABRIC_FIELDS)} gave no answer: "
+                                   f"{err.strip() or code}")
+        return None
+
     def rule_memtest(self) -> None:
         if not self.args.memtest or "memtest" in self.skip_rules:
             return
@@ -248,6 +272,11 @@ class Check:
         if not argv or shutil.which(argv[0]) is None:
             self.result.notes.append(f"memtest: {argv[0] if argv else '(none)'} is not installed: skipped")
             return
+        if self.args.memtest_if_idle:  # the idle timer: never under a job
+            busy, why = self.gpu_processes()
+            if busy is None or busy:
+                self.result.notes.append(f"memtest: skipped, GPUs in use or unknown ({why or busy})")
+                return
         code, out, err = self.runner.run(argv, timeout=self.args.memtest_timeout)
         if code is None:
             self.add("memtest", f"{self.args.memtest_command}: did not finish: {err}")
@@ -256,21 +285,27 @@ class Check:
             self.add("memtest", f"{self.args.memtest_command}: exit {code}{': ' + tail[0][:100] if tail else ''}")
 
     # -- actions ---------------------------------------------------------------------------------
+    def gpu_processes(self) -> tuple[dict[str, list[str]] | None, str]:
+        """bus -> pids of the processes using each GPU, or None and why not."""
+        code, out, err = self.smi("--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader")
+        if code != 0:
+            return None, err.strip() or str(code)
+        busy: dict[str, list[str]] = {}
+        for cells in ([c.strip() for c in line.split(",")] for line in out.splitlines()):
+            if len(cells) >= 2 and cells[1].isdigit():
+                busy.setdefault(bus_key(cells[0]), []).append(cells[1])
+        return busy, ""
+
     def reset_gpus(self) -> None:
         wanted = {f.gpu for f in self.result.findings if f.action == "reset" and f.gpu}
         if not self.args.reset or not wanted:
             return
-        code, out, err = self.smi("--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader")
-        if code != 0:
+        busy, err = self.gpu_processes()
+        if busy is None:
             for label in sorted(wanted):
-                self.result.resets.append({"gpu": label, "done": False,
-                                           "why": f"could not list GPU processes: {err.strip() or code}"})
+                self.result.resets.append({"gpu": label, "done": False, "why": f"could not list GPU processes: {err}"})
             return
-        busy: dict[str, list[str]] = {}
-        for line in out.splitlines():
-            cells = [c.strip() for c in line.split(",")]
-            if len(cells) >= 2 and cells[1].isdigit():
-                busy.setdefault(bus_key(cells[0]), []).append(cells[1])
+        free = []
         for gpu in self.result.gpus:
             if gpu.label not in wanted:
                 continue
@@ -278,11 +313,32 @@ class Check:
             if pids:
                 self.result.resets.append({"gpu": gpu.label, "done": False,
                                            "why": f"refused: in use by pid {', '.join(pids)}"})
-                continue
-            rc, rout, rerr = self.smi("-r", "-i", str(gpu.index))
-            said = (rout + rerr).strip().splitlines()
-            self.result.resets.append({"gpu": gpu.label, "done": rc == 0,
-                                       "why": said[-1] if said else f"exit {rc}"})
+            else:
+                free.append(gpu)
+        if not free:
+            return
+        # nv-hostengine and dcgm-exporter hold every GPU open: a reset fails "in use" while they run
+        stopped = [u for u in self.args.reset_stop_units
+                   if self.runner.run([self.args.systemctl, "is-active", "--quiet", u])[0] == 0]
+        if stopped:
+            self.runner.run([self.args.systemctl, "stop", *stopped])
+        try:
+            for gpu in free:
+                self.reset_one(gpu)
+        finally:
+            if stopped:  # started again whatever the reset did
+                rc, _, err = self.runner.run([self.args.systemctl, "start", *stopped])
+                if rc != 0:
+                    self.result.notes.append(f"could not start {' '.join(stopped)} again: {err.strip() or rc}")
+
+    def reset_one(self, gpu: Gpu) -> None:
+        rc, rout, rerr = self.smi("-r", "-i", str(gpu.index))
+        said = (rout + rerr).strip().splitlines()
+        self.result.resets.append({"gpu": gpu.label, "done": rc == 0, "why": said[-1] if said else f"exit {rc}"})
+        if rc == 0:  # its Xids are dealt with: the next check counts only newer ones (and resumes the node)
+            why = mark_reset(self.args.state_dir, self.args.proc_root, gpu.bus_id, self.uptime())
+            if why:
+                self.result.notes.append(f"{gpu.label}: {why}")
 
     def slurm(self) -> None:
         mode = self.args.drain

@@ -16,6 +16,9 @@ node's python3 imports it as is; the standard library only, Python 3.11 (Debian 
   line's defaults, so that options given on the command line win.
 - `finish`: the common tail of a check: the JSON record and metrics written, the report printed,
   the exit code returned.
+- `read_xid_policy`: the node's one Xid policy table (/usr/share/nodeforge/xid-policy.tsv, code ->
+  action and meaning) with a site's per-action overrides; gpu-health judges Xids by it and
+  nodeforge-xid-rules generates the Xid alerts from it.
 """
 
 from __future__ import annotations
@@ -177,6 +180,35 @@ def parse_csv_with_header(text: str, fields: tuple[str, ...]) -> tuple[list[Row]
         else:
             other.append(line.strip())
     return rows, other
+
+
+# --- the Xid policy ------------------------------------------------------------------------------
+
+XID_POLICY = "/usr/share/nodeforge/xid-policy.tsv"
+XID_ACTIONS = ("drain", "reset", "warn", "ignore")
+
+
+def read_xid_policy(path: Path | str = XID_POLICY,
+                    overrides: Mapping[str, Iterable[int]] | None = None) -> dict[int, tuple[str, str]]:
+    """code -> (action, meaning) from the tab-separated table (code, action, meaning; '#' comments), then
+    `overrides` ({action: codes}, in XID_ACTIONS order) over single rows. ValueError names the file and
+    line of a malformed row or an unknown override action."""
+    policy: dict[int, tuple[str, str]] = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) < 3 or not parts[0].strip().isdigit() or parts[1].strip() not in XID_ACTIONS:
+            raise ValueError(f"{path}:{number}: expected 'code<TAB>action<TAB>description' with action one of "
+                             f"{', '.join(XID_ACTIONS)}, found {line!r}")
+        policy[int(parts[0])] = (parts[1].strip(), parts[2].strip())
+    for action, codes in (overrides or {}).items():
+        if action not in XID_ACTIONS:
+            raise ValueError(f"unknown Xid action {action!r}: one of {', '.join(XID_ACTIONS)}")
+        for code in codes:
+            policy[int(code)] = (action, policy.get(int(code), (action, "set by site policy"))[1])
+    return policy
 
 
 # --- the tail of a check -------------------------------------------------------------------------
