@@ -311,3 +311,71 @@ def test_a_wrong_parameter_is_rejected_when_composing(power_tree: Path, setting:
     assert "Traceback" not in proc.stderr
     ok = nodeforge(power_tree, "plan", "power-scratch")
     assert ok.returncode == 0, ok.stderr
+
+
+def _unit_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_p1_boot_unit_is_never_skipped_for_a_late_device_node(power_tree: Path, tmp_path: Path) -> None:
+    """P1: the cap must not be skipped silently. No condition on /dev/nvidia* (user space creates the
+    nodes, late), the PCI-bus condition instead; ordered after persistenced, and not Requires= it: a
+    persistenced skipped by its own ExecCondition, or whose first start failed, would end this job as
+    a failed dependency (systemd's job_fail_dependencies), which is the silent skip again."""
+    out = tmp_path / "render"
+    proc = nodeforge(power_tree, "render", "power-scratch", str(out))
+    assert proc.returncode == 0, proc.stderr
+    unit = _unit_lines(next(out.glob("*-gpu-power/root/etc/systemd/system/nodeforge-gpu-power.service")).read_text())
+    assert "ExecCondition=/usr/lib/nodeforge/nvidia-gpu-present" in unit
+    assert "After=nvidia-persistenced.service" in unit and "Wants=nvidia-persistenced.service" in unit
+    assert not [line for line in unit if line.startswith("Condition") and "/dev/" in line], unit
+    assert not [line for line in unit if line.startswith(("Requires=", "Requisite=", "BindsTo="))], unit
+
+
+# --- the recorded captures: the driver the image ships (535) beside 590 ---------------------------
+
+def test_apply_reads_the_same_query_on_the_535_capture(tmp_path: Path) -> None:
+    """The unit reads --query-gpu, whose fields are the same on 535 and 590, never -q (labels differ)."""
+    r = run(GPU / "h100-sxm-8gpu-535", tmp_path, "apply", "--power-limit", "900", "--dry-run")
+    assert r.rc == 0, r.out + r.err
+    assert "900 W is over the GPU's maximum 700 W: using 700 W" in r.out and r.settings == []
+
+
+def test_fixtures_q_labels_differ_between_535_and_590() -> None:
+    q535 = (GPU / "h100-sxm-8gpu-535" / "nvidia-smi-q.txt").read_text()
+    q590 = (GPU / "h100-sxm-8gpu" / "nvidia-smi-q.txt").read_text()
+    assert "Driver Version                            : 535.261.03" in q535
+    assert "        Power Draw                        : 612.35 W" in q535 and "Average Power Draw" not in q535
+    assert "Average Power Draw" in q590 and "GPU Shutdown T.Limit Temp" in q590
+    assert "        Gpu                               : 98 %" in q535 and "GPU Shutdown Temp" in q535
+    assert "Clocks Event Reasons Counters" in q590 and "Clocks Event Reasons Counters" not in q535
+
+
+@pytest.mark.parametrize("scenario", ["h100-sxm-8gpu", "h200-sxm-8gpu", "a100-pcie-1gpu", "h100-sxm-8gpu-535"])
+def test_fixtures_q_agrees_with_the_query_csv(scenario: str) -> None:
+    """Utilisation, idle reason and SM clock of -q are those of the CSV (a loaded GPU is not idle);
+    no capture-file trailer between the GPU blocks of a -q recording."""
+    import re
+
+    q = (GPU / scenario / "nvidia-smi-q.txt").read_text()
+    assert "####" not in q and "query-gpu" not in q
+    csv = GPU / ("h100-sxm-8gpu" if scenario.endswith("-535") else scenario) / "query-gpu-monitoring.csv"
+    rows = [line.split(", ") for line in csv.read_text().splitlines() if line.strip()]
+    blocks = re.split(r"(?m)^(?=GPU [0-9A-F]{8}:)", q)[1:]
+    assert len(blocks) == len(rows)
+    for row, block in zip(rows, blocks, strict=True):
+        assert block.split()[1] == row[3]
+        assert re.search(rf"(?m)^        (GPU|Gpu) +: {row[4]} %$", block), row[3]
+        assert re.search(rf"(?m)^        SM +: {row[14]} MHz$", block), row[3]
+        idle = re.search(r"(?m)^        Idle +: (.*)$", block)
+        assert idle and idle.group(1) == ("Active" if row[4] == "0" else "Not Active")
+
+
+@pytest.mark.parametrize("scenario", ["h100-sxm-8gpu", "h200-sxm-8gpu", "h100-sxm-8gpu-535"])
+def test_fixtures_hopper_retired_pages_are_not_applicable(scenario: str) -> None:
+    """Hopper has row remapping, not page retirement: nvidia-smi prints [N/A] for retired_pages.*."""
+    lines = (GPU / scenario / "health-query-gpu.csv").read_text().splitlines()
+    head = lines[0].split(", ")
+    cols = [head.index(c) for c in ("retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count",
+                                    "retired_pages.pending")]
+    assert all(line.split(", ")[c] == "[N/A]" for line in lines[1:] for c in cols)

@@ -179,3 +179,45 @@ def test_geometry_helper_reads_dumpe2fs(tmp_path: Path) -> None:
     disk = with_ext4(tmp_path / "g.img")
     g: dict[str, Any] = geometry(disk)
     assert g["Filesystem volume name"] == "data" and "RAID stride" not in g
+
+
+# --- IO1: the RAID geometry comes from the device unless both values are set ---------------------
+
+def test_io1_default_gives_mkfs_no_stride_so_the_device_geometry_wins(tmp_path: Path) -> None:
+    """With nothing set, mkfs.ext4 gets no -E: on an md array it reads io_min/io_opt (the real chunk);
+    a plain image reports none, so no RAID geometry is written at all (64 KiB guesses were before)."""
+    disk = blank(tmp_path / "md0.img")
+    p = scratch_format("--label", "scratch", disk)
+    assert p.returncode == 0, p.stderr
+    g = geometry(disk)
+    assert "RAID stride" not in g and "RAID stripe width" not in g
+    assert "stride none, stripe width none from the device" in p.stdout
+
+
+def test_io1_rendered_defaults_format_without_stride(tmp_path: Path) -> None:
+    text = rendered_config()
+    assert "SCRATCH_STRIDE=0\n" in text and "SCRATCH_STRIPE_WIDTH=0\n" in text
+    disk = blank(tmp_path / "md0.img")
+    conf = tmp_path / "scratch-disks.conf"
+    conf.write_text(re.sub(r'(?m)^SCRATCH_DISKS=.*$', f'SCRATCH_DISKS="{disk}"', text).replace(
+        "SCRATCH_STAMP=/var/lib/nodeforge/scratch-formatted", f"SCRATCH_STAMP={tmp_path / 'stamp'}"))
+    p = scratch_format("--config", conf)
+    assert p.returncode == 0, p.stderr
+    assert "RAID stride" not in geometry(disk)
+
+
+@pytest.mark.parametrize("args", [["--stride", "128"], ["--stripe-width", "512"]])
+def test_io1_one_value_without_the_other_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    disk = blank(tmp_path / "d.img")
+    before = digest(disk)
+    p = scratch_format(*args, disk)
+    assert p.returncode == 2 and "set both, or neither" in p.stderr
+    assert digest(disk) == before
+
+
+def test_io1_one_value_without_the_other_is_a_definition_error() -> None:
+    from builder.errors import DefinitionError
+
+    with pytest.raises(DefinitionError) as err:
+        rendered_config("io-tuning.scratch_stride=128")
+    assert "set both, or leave both 0" in "\n".join(p.message for p in err.value.problems)

@@ -183,3 +183,19 @@ def test_rendered_settings_drive_the_runner(tmp_path: Path) -> None:
 
 def test_node_images_publish_the_metric(tmp_path: Path) -> None:
     assert "textfile = /var/lib/prometheus/node-exporter\n" in render(tmp_path, "node").read_text()
+
+
+def test_n1_floor_is_not_handed_to_nccl_tests_average_check(tmp_path: Path) -> None:
+    """N1: nccl-tests exits non-zero when its *average* bus bandwidth (over every size, small ones
+    included) is under NCCL_TESTS_MIN_BW; the judge applies the floor per size from --min-bytes, so
+    the variable must not reach the binary (nor leak through from the caller's environment)."""
+    seen = tmp_path / "seen-env"
+    binary = tmp_path / "all_reduce_perf"
+    binary.write_text("#!/bin/sh\n"
+                      f"echo \"NCCL_TESTS_MIN_BW=${{NCCL_TESTS_MIN_BW-unset}}\" > '{seen}'\n"
+                      f"cat '{NCCL / 'nccl-h100-8gpu-healthy.txt'}'\n")
+    binary.chmod(0o755)
+    rc, out = bench("run", "--binary", str(binary), "--json", "--floor", "400",
+                    env=program_env(NCCL_TESTS_MIN_BW="9999"))
+    assert rc == 0 and json.loads(out)["verdict"] == "PASS"
+    assert seen.read_text().strip() == "NCCL_TESTS_MIN_BW=unset"

@@ -21,14 +21,16 @@ SCRIPT = ROOT / "layers" / "numa-topology" / "files" / "numa-probe.py"
 FIXTURES = ROOT / "tests" / "fixtures"
 SYSFS = FIXTURES / "sysfs"
 SCENARIOS = {"h100-sxm-8gpu": FIXTURES / "gpu" / "h100-sxm-8gpu", "a100-pcie-1gpu": FIXTURES / "gpu" / "a100-pcie-1gpu",
-             "topo-bad-wiring": FIXTURES / "topo-bad-wiring"}
+             "topo-bad-wiring": FIXTURES / "topo-bad-wiring",
+             "h100-sxm-8gpu-535": FIXTURES / "gpu" / "h100-sxm-8gpu-535"}
 
 
 def probe(tmp: Path, machine: str, *args: str, nvidia_smi: str | None = None,
           sysfs: str | None = None) -> tuple[int, dict[str, Any], list[list[str]]]:
     env, calls = fake_tools(SCENARIOS[machine], tmp)
+    tree = SCENARIOS[machine] / "sysfs" if (SCENARIOS[machine] / "sysfs").is_dir() else SYSFS / (sysfs or machine)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", nvidia_smi or fake("nvidia-smi"),
-                           "--sysfs-root", str(SYSFS / (sysfs or machine)), "--json", *args],
+                           "--sysfs-root", str(tree), "--json", *args],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert proc.stderr == "", proc.stderr
     doc: dict[str, Any] = json.loads(proc.stdout)
@@ -144,3 +146,48 @@ def test_boot_unit_runs_the_probe_with_valid_options(tmp_path: Path) -> None:
                          capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 1 and "WARNING GPU 0 (0000:17:00.0)" in run.stdout
     assert json.loads((tmp_path / "numa.json").read_text())["cross_socket_gpus"] == 2
+
+
+# --- a DGX H100: eight compute ports and four storage / in-band ports (DGX H100 User Guide) -----------
+
+DGX_COMPUTE = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+DGX_STORAGE = ["mlx5_1", "mlx5_2", "mlx5_7", "mlx5_8"]
+
+
+def test_dgx_h100_topo_names_twelve_nics_as_the_user_guide_does() -> None:
+    topo = load_program(SCRIPT).parse_topo((SCENARIOS["h100-sxm-8gpu-535"] / "topo-m.txt").read_text())
+    assert topo.nic_names == {f"NIC{i}": f"mlx5_{i}" for i in range(12)}
+    assert [next(n for n, p in topo.paths[f"GPU{g}"].items() if p == "PIX") for g in range(8)] == \
+        [f"NIC{int(name.split('_')[1])}" for name in DGX_COMPUTE]
+    assert topo.paths["NIC1"]["NIC2"] == "PIX" and topo.paths["GPU0"]["NIC1"] == "NODE"
+
+
+def test_dgx_h100_pairs_gpus_with_compute_nics_and_reports_storage_nics(tmp_path: Path) -> None:
+    rc, doc, _ = probe(tmp_path, "h100-sxm-8gpu-535")
+    assert rc == 0 and doc["status"] == "OK" and doc["warnings"] == [], doc
+    assert [(g["index"], g["closest_nic"], g["closest_path"]) for g in doc["gpus"]] == \
+        [(i, name, "PIX") for i, name in enumerate(DGX_COMPUTE)]
+    roles = {n["name"]: n["role"] for n in doc["nics"]}
+    assert sorted(n for n, r in roles.items() if r == "storage") == sorted(DGX_STORAGE)
+    assert sorted(n for n, r in roles.items() if r == "compute") == sorted(DGX_COMPUTE)
+    assert "storage / in-band NICs (not paired with a GPU): mlx5_1, mlx5_2, mlx5_7, mlx5_8" in doc["notes"]
+
+
+def test_a_gpu_without_its_compute_nic_is_never_paired_with_a_storage_nic(tmp_path: Path) -> None:
+    """Named compute NICs: GPU 0's own port (mlx5_0) left out of the list, a storage port on the same socket
+    (NODE) is still never its closest NIC; another compute port of its socket is."""
+    rc, doc, _ = probe(tmp_path, "h100-sxm-8gpu-535", "--compute-nics", ",".join(DGX_COMPUTE[1:]))
+    gpu0 = doc["gpus"][0]
+    assert gpu0["closest_nic"] in DGX_COMPUTE[1:4] and gpu0["closest_path"] == "NODE"
+    assert {n["name"]: n["role"] for n in doc["nics"]}["mlx5_0"] == "storage"
+    assert rc == 0 and all(g["closest_nic"] not in DGX_STORAGE for g in doc["gpus"])
+
+
+def test_compute_nics_reach_the_boot_unit(tmp_path: Path) -> None:
+    image = scratch_image("numa-dgx", "a DGX node", ["base", {"numa-topology": {"compute_nics": DGX_COMPUTE}}])
+    tree = tree_with_layers(tmp_path, ("base", "node-lib", "numa-topology"), {"numa-dgx": image})
+    out = tmp_path / "render"
+    proc = nodeforge(tree, "render", "numa-dgx", str(out))
+    assert proc.returncode == 0, proc.stderr
+    unit = next(out.glob("*-numa-topology/root/etc/systemd/system/nodeforge-numa-probe.service")).read_text()
+    assert f"--compute-nics {','.join(DGX_COMPUTE)}" in unit

@@ -8,6 +8,13 @@ nvidia-smi topo -m (its terminal escape codes stripped) for the PCIe path betwee
 NIC (PIX, PXB, PHB, NODE, SYS). Without nvidia-smi the GPUs are found in sysfs (vendor 0x10de,
 display class) and only the NUMA nodes are compared.
 
+Only compute NICs are paired with GPUs. A DGX H100 has twelve RDMA ports: eight compute ports, one
+under each GPU's PCIe switch (mlx5_0, 3, 4, 5, 6, 9, 10, 11), and four storage / in-band ports
+(mlx5_1, 2, 7, 8; DGX H100 User Guide, "Network Modules"). --compute-nics names them; without it
+a NIC that shares a PCIe switch with a GPU (PIX or PXB in topo -m) is a compute NIC and the others
+are storage NICs (when no NIC shares a switch with a GPU, every NIC is a compute NIC). Storage NICs
+are recorded with their role and never reported as a GPU's closest NIC.
+
 Writes a JSON record and a textfile metric. Exit status: 0 OK (also: no GPU), 1 WARNING (a
 cross-socket GPU/NIC pair or a device whose firmware reports no NUMA node), 3 UNKNOWN.
 """
@@ -40,6 +47,7 @@ class Nic:
     socket: int | None = None
     netdevs: list[str] = field(default_factory=list)
     topo_label: str | None = None
+    role: str = "compute"  # or "storage": storage / in-band ports are never paired with a GPU
 
 
 @dataclass
@@ -180,6 +188,31 @@ def smi_gpus(out: str) -> list[Gpu]:
     return gpus
 
 
+def assign_roles(nics: list[Nic], gpus: list[Gpu], topo: Topo, named: str | None, notes: list[str]) -> None:
+    """Each GPU's PCIe path to each NIC (topo -m), and each NIC's role: compute or storage, as named by
+    --compute-nics, else compute when it shares a PCIe switch with a GPU."""
+    for gpu in gpus:
+        row = topo.paths.get(f"GPU{gpu.index}", {})
+        for nic in nics:
+            if nic.topo_label and nic.topo_label in row:
+                gpu.nic_paths[nic.name] = row[nic.topo_label]
+    if named:
+        wanted = {n.strip() for n in named.split(",") if n.strip()}
+        for nic in nics:
+            nic.role = "compute" if nic.name in wanted else "storage"
+        missing = sorted(wanted - {n.name for n in nics})
+        if missing:
+            notes.append(f"compute NICs not found on this node: {', '.join(missing)}")
+    else:
+        near = {name for g in gpus for name, path in g.nic_paths.items() if path in ("PIX", "PXB")}
+        if near:
+            for nic in nics:
+                nic.role = "compute" if nic.name in near else "storage"
+    storage = [n.name for n in nics if n.role == "storage"]
+    if storage:
+        notes.append(f"storage / in-band NICs (not paired with a GPU): {', '.join(storage)}")
+
+
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     sysfs = Sysfs(Path(args.sysfs_root))
     notes: list[str] = []
@@ -212,6 +245,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             nics.append(nic)
             by_name[name] = nic
         by_name[name].topo_label = label
+    assign_roles(nics, gpus, topo, args.compute_nics, notes)
+    compute = [n for n in nics if n.role == "compute"]
     for gpu in gpus:
         gpu.numa_node = sysfs.numa_node(sysfs.pci(gpu.bus_id))
         gpu.local_cpulist = sysfs.read("bus", "pci", "devices", gpu.bus_id, "local_cpulist")
@@ -222,17 +257,14 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         if gpu.numa_node is not None and gpu.numa_node < 0:
             warnings.append(f"GPU {gpu.index} ({gpu.bus_id}): the firmware reports no NUMA node (numa_node -1): "
                             "bind by hand or fix the BIOS (ACPI SRAT/_PXM)")
-        row = topo.paths.get(label, {})
-        for nic in nics:
-            if nic.topo_label and nic.topo_label in row:
-                gpu.nic_paths[nic.name] = row[nic.topo_label]
-        candidates = [(PATH_RANK.get(p, 9), name) for name, p in gpu.nic_paths.items()]
+        candidates = [(PATH_RANK.get(p, 9), name) for name, p in gpu.nic_paths.items()
+                      if by_name[name].role == "compute"]
         if candidates:
             _, gpu.closest_nic = min(candidates)
             gpu.closest_path = gpu.nic_paths[gpu.closest_nic]
-        elif nics:  # no PCIe paths: nearest by NUMA node
-            same = [n for n in nics if n.numa_node == gpu.numa_node and n.numa_node is not None]
-            gpu.closest_nic = (same or nics)[0].name
+        elif compute:  # no PCIe paths: nearest by NUMA node
+            same = [n for n in compute if n.numa_node == gpu.numa_node and n.numa_node is not None]
+            gpu.closest_nic = (same or compute)[0].name
         if gpu.closest_nic:
             nic = by_name[gpu.closest_nic]
             if gpu.socket is not None and nic.socket is not None:
@@ -270,7 +302,7 @@ def metrics(doc: dict[str, Any]) -> str:
                  {"gpu": str(g["index"]), "bus_id": g["bus_id"]})
     m.declare(nic_node, "gauge", "NUMA node an RDMA NIC is attached to.")
     for n in doc["nics"]:
-        m.sample(nic_node, n["numa_node"] if n["numa_node"] is not None else -1, {"nic": n["name"]})
+        m.sample(nic_node, n["numa_node"] if n["numa_node"] is not None else -1, {"nic": n["name"], "role": n["role"]})
     m.declare(cross, "gauge", "1 when a GPU's closest NIC is on another socket.")
     for g in doc["gpus"]:
         if g["closest_nic"]:
@@ -299,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nvidia-smi", default=tool("nvidia-smi"))
     p.add_argument("--topo-file", default=None, help="read nvidia-smi topo -m output from this file")
     p.add_argument("--sysfs-root", default="/sys")
+    p.add_argument("--compute-nics", default=None,
+                   help="comma-separated RDMA devices that carry GPU traffic (the others are storage NICs); "
+                        "default: the NICs that share a PCIe switch with a GPU")
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--textfile", default=None, help="write numa_topology.prom into this directory")
     p.add_argument("--json", action="store_true", help="print the JSON record instead of text")
