@@ -2,11 +2,10 @@
 
 What each layer writes for the V100 Slurm nodes, the asserts that refuse wrong values (one
 deliberately wrong parameter per layer), the layers' own file tests failing against files
-rendered with another value, and the nvidia-peermem loader on fake sysfs trees."""
+rendered with another value (the nvidia-peermem loader: tests/test_infiniband_rdma.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -137,17 +136,19 @@ def test_infiniband_limits_modules_peermem_and_ipoib(tree: Any) -> None:
     unit = (ROOT / "layers/infiniband/files/nodeforge-nvidia-peermem.service").read_text()
     assert "After=rdma-hw.target" in unit and "WantedBy=rdma-hw.target" in unit
     assert "ExecCondition=/usr/lib/nodeforge/nvidia-peermem-load --check" in unit
-    connected = files_of(plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520"))
+    connected = files_of(plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520",
+                                 "infiniband.ipoib_enhanced=false"))
     assert 'ATTR{mode}="connected", ATTR{mtu}="65520"' in connected["/etc/udev/rules.d/70-nodeforge-ipoib.rules"]
 
 
 def test_kubelet_labels_as_gpu_feature_discovery_names_them(tree: Any) -> None:
     kubelet = files_of(plan_of(tree))["/etc/default/kubelet"]
-    assert ('\nKUBELET_EXTRA_ARGS=--node-labels=nvidia.com/gpu.count=4,nvidia.com/gpu.product=Tesla-V100-SXM2-32GB,'
-            'nvidia.com/gpu.memory=32768,nvidia.com/gpu.family=volta\n') in kubelet
+    assert ('\nKUBELET_EXTRA_ARGS=--node-labels=nvidia.com/gpu.present=true,nodeforge.io/gpu.count=4,'
+            'nodeforge.io/gpu.product=Tesla-V100-SXM2-32GB,nodeforge.io/gpu.memory=32768,nodeforge.io/gpu.family=volta\n'
+            ) in kubelet
     extra = files_of(plan_of(tree, 'k8s-gpu.extra_labels=["example.com/rack=r12"]',
                              "k8s-gpu.extra_args=--max-pods=200"))
-    assert "nvidia.com/gpu.family=volta,example.com/rack=r12 --max-pods=200'" in extra["/etc/default/kubelet"]
+    assert "nodeforge.io/gpu.family=volta,example.com/rack=r12 --max-pods=200'" in extra["/etc/default/kubelet"]
 
 
 def test_kubelet_product_drops_what_gfd_drops(scratch_tree: Path) -> None:
@@ -155,8 +156,8 @@ def test_kubelet_product_drops_what_gfd_drops(scratch_tree: Path) -> None:
     (scratch_tree / "configs/v100-slurm.yaml").write_text(
         cfg.replace("model: Tesla V100-SXM2-32GB", "model: 'NVIDIA H100 80GB HBM3 (SXM5)'"))
     kubelet = files_of(plan_of(load_tree(scratch_tree)))["/etc/default/kubelet"]
-    assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3-SXM5," in kubelet
-    assert "nvidia.com/gpu.family=hopper" in kubelet
+    assert "nodeforge.io/gpu.product=NVIDIA-H100-80GB-HBM3-SXM5," in kubelet
+    assert "nodeforge.io/gpu.family=hopper" in kubelet
 
 
 def test_nvme_rule_and_scratch_settings(tree: Any) -> None:
@@ -165,7 +166,8 @@ def test_nvme_rule_and_scratch_settings(tree: Any) -> None:
     assert 'KERNEL=="nvme[0-9]*n[0-9]*", ENV{DEVTYPE}=="disk", ATTR{queue/scheduler}="none", ' \
            'ATTR{queue/read_ahead_kb}="1024"' in rule
     conf = files["/etc/nodeforge/scratch-disks.conf"]
-    assert 'SCRATCH_DISKS="/dev/md0"' in conf and "SCRATCH_STRIDE=16\n" in conf and "SCRATCH_STRIPE_WIDTH=64\n" in conf
+    # IO1: no stride guess, mkfs.ext4 reads the md array's geometry (0 = from the device)
+    assert 'SCRATCH_DISKS="/dev/md0"' in conf and "SCRATCH_STRIDE=0\n" in conf and "SCRATCH_STRIPE_WIDTH=0\n" in conf
 
 
 # --- one deliberately wrong parameter per layer is refused, with the reason -------------------
@@ -179,9 +181,9 @@ def test_nvme_rule_and_scratch_settings(tree: Any) -> None:
     (["slurm-gpu.gpu_type=", "slurm-gpu.node_names=gpu[1-4"], "node_names", "expected a value matching"),
     (["infiniband.ipoib_mtu=65520"], "ipoib-mtu-fits-mode", "needs connected mode"),
     (['infiniband.boot_modules=["ib_umad; reboot"]'], "modules-are-module-names", "kernel module names"),
-    (["k8s-gpu.family=Ada Lovelace"], "labels-follow-kubernetes-grammar", '"nvidia.com/gpu.family=Ada Lovelace"'),
+    (["k8s-gpu.family=Ada Lovelace"], "labels-follow-kubernetes-grammar", '"nodeforge.io/gpu.family=Ada Lovelace"'),
     (['k8s-gpu.extra_labels=["example.com/rack=-r12"]'], "labels-follow-kubernetes-grammar", "example.com/rack=-r12"),
-    (["io-tuning.scratch_stripe_width=60"], "stripe-width-is-stride-times-disks",
+    (["io-tuning.scratch_stride=16", "io-tuning.scratch_stripe_width=60"], "stripe-width-is-stride-times-disks",
      "not a multiple of scratch_stride 16"),
     (['io-tuning.scratch_disks=["sdb"]'], "scratch-disks-are-devices", "other than /dev paths"),
 ])
@@ -199,7 +201,8 @@ def test_slurm_gpu_needs_the_site_gpu_count(scratch_tree: Path) -> None:
 
 
 def test_the_remedy_of_each_refusal_composes(tree: Any) -> None:
-    plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520", "io-tuning.scratch_stripe_width=48",
+    plan_of(tree, "infiniband.ipoib_mode=connected", "infiniband.ipoib_mtu=65520", "infiniband.ipoib_enhanced=false",
+            "io-tuning.scratch_stride=16", "io-tuning.scratch_stripe_width=48",
             "k8s-gpu.family=ada-lovelace", 'io-tuning.scratch_disks=["/dev/disk/by-id/nvme-X_1", "/dev/md0"]')
 
 
@@ -231,57 +234,7 @@ def test_k8s_file_test_fails_for_another_gpu_count(scratch_tree: Path) -> None:
     assert content_failures(eight, files_of(four), "slurm-gpu")  # the fragment says gpu:v100:4
 
 
-# --- the nvidia-peermem loader ------------------------------------------------------------------
-
-def fake_modprobe(bin_dir: Path, sysfs: Path, known: bool, loads: bool) -> Path:
-    """A modprobe that knows nvidia-peermem (or not) and whose load creates the module's sysfs entry (or fails)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    script = bin_dir / "modprobe"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'echo "modprobe $*" >> "{bin_dir}/calls"\n'
-        f'[ "$1" = -n ] && exit {0 if known else 1}\n'
-        + (f'mkdir -p "{sysfs}/module/nvidia_current_peermem"; exit 0\n' if loads else
-           'echo "modprobe: ERROR: could not insert nvidia_current_peermem: Invalid argument" >&2; exit 1\n'))
-    script.chmod(0o755)
-    return bin_dir
-
-
-def run_loader(tmp_path: Path, *args: str, known: bool = True, loads: bool = True,
-               hca: bool = True) -> subprocess.CompletedProcess[str]:
-    sysfs = tmp_path / "sys"
-    (sysfs / "module").mkdir(parents=True, exist_ok=True)
-    (sysfs / "class/infiniband").mkdir(parents=True, exist_ok=True)
-    if hca:
-        (sysfs / "class/infiniband/mlx5_0").mkdir(exist_ok=True)
-    bin_dir = fake_modprobe(tmp_path / "bin", sysfs, known, loads)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NODEFORGE_SYSFS": str(sysfs)}
-    return subprocess.run([str(PEERMEM_LOAD), *args], capture_output=True, text=True, env=env, timeout=30)
-
-
-def test_peermem_check_skips_a_node_without_the_driver(tmp_path: Path) -> None:
-    p = run_loader(tmp_path, "--check", known=False)
-    assert p.returncode == 1 and "no NVIDIA driver" in p.stderr
-
-
-def test_peermem_check_skips_a_node_without_an_hca(tmp_path: Path) -> None:
-    p = run_loader(tmp_path, "--check", hca=False)
-    assert p.returncode == 1 and "no RDMA device" in p.stderr
-
-
-def test_peermem_loads_where_driver_and_hca_exist(tmp_path: Path) -> None:
-    assert run_loader(tmp_path, "--check").returncode == 0
-    p = run_loader(tmp_path)
-    assert p.returncode == 0 and "nvidia-peermem: loaded" in p.stdout
-    assert "modprobe nvidia-peermem" in (tmp_path / "bin/calls").read_text()
-    again = run_loader(tmp_path)
-    assert again.returncode == 0 and "already loaded" in again.stdout
-
-
-def test_peermem_load_failure_is_a_failure_with_the_known_cause(tmp_path: Path) -> None:
-    p = run_loader(tmp_path, loads=False)
-    assert p.returncode == 1 and "ib_register_peer_memory_client" in p.stderr
-
+# --- the nvidia-peermem loader: tests/test_infiniband_rdma.py (recorded modinfo, modversions and kallsyms) --
 
 def test_shipped_shell_scripts_are_shellcheck_clean() -> None:
     scripts = [PEERMEM_LOAD, ROOT / "layers/io-tuning/files/scratch-format"]

@@ -75,7 +75,7 @@ def test_dgx_h100_config_composes_fabric_manager_at_the_driver_version() -> None
     (driver,) = [s for s in plan["steps"] if s["layer"] == "nvidia-driver"]
     assert f"nvidia-fabricmanager-535={DRIVER_VERSION}-1" in driver["apply"]
     assert "apt-mark hold nvidia-fabricmanager-535" in driver["apply"]
-    assert "intel_iommu=on" in [a["value"] for a in plan["kernel_args"]]
+    assert "intel_iommu=on" not in [a["value"] for a in plan["kernel_args"]]  # A2: VT-d off on a bare-metal DGX
     (default,) = [s for s in _plan("default")["steps"] if s["layer"] == "nvidia-driver"]
     assert "nvidia-fabricmanager-535=" not in default["apply"]
     assert driver["key"] != default["key"]
@@ -128,7 +128,7 @@ def test_runtime_configuration_files_parse_and_say_what_gpu_facts_say(rendered: 
     assert toolkit["nvidia-container-cli"]["ldconfig"] == "@/sbin/ldconfig"
     assert toolkit["nvidia-container-runtime"]["mode"] == "auto"
     options = _layer_file(rendered, "nvidia-driver", "/etc/modprobe.d/nodeforge-nvidia-driver.conf").read_text()
-    assert re.search(r"^options nvidia-current NVreg_RestrictProfilingToAdminUsers=0$", options, re.M), options
+    assert re.search(r"^options nvidia-current-open NVreg_RestrictProfilingToAdminUsers=1$", options, re.M), options
 
 
 def test_runc_as_default_runtime_leaves_no_default_behind(tmp_path: Path) -> None:
@@ -250,8 +250,10 @@ def _firmware_run(tmp: Path, scenario: str, **conf: str) -> tuple[subprocess.Com
         (tmp / "textfile").mkdir()
     settings = {
         "COMPONENT": "nic", "TOOL": fake("mstflint"), "QUERY_ARGS": "-d 0000:3b:00.0 query",
-        "VERSION_LABEL": "FW Version:", "FLASH_ARGS": "-d 0000:3b:00.0 -i {image} -y burn", "IMAGE": IMAGE,
+        "VERSION_LABEL": "FW Version:", "RUNNING_LABEL": "FW Version(Running):",
+        "FLASH_ARGS": "-d 0000:3b:00.0 -i {image} -y burn", "IMAGE": IMAGE,
         "WANTED": WANTED, "POWER_CYCLE_REGEX": "power cycle|cold reboot", "DRY_RUN": "false",
+        "RESET_REGEX": "mlxfwreset|reboot machine|reboot the machine",
         "FIRMWARE_DIR": str(fw), "STATE_DIR": str(tmp / "state"), "TEXTFILE_DIR": str(tmp / "textfile"),
     }
     settings.update(conf)
@@ -271,16 +273,18 @@ def _burns(calls: list[list[str]]) -> list[list[str]]:
     return [c for c in calls if "burn" in c]
 
 
-def test_firmware_update_flashes_an_outdated_nic_once_and_records_updated(tmp_path: Path) -> None:
+def test_firmware_update_flashes_an_outdated_nic_once_and_records_needs_reset(tmp_path: Path) -> None:
     proc, calls = _firmware_run(tmp_path, "connectx7-outdated")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _burns(calls) == [["-d", "0000:3b:00.0", "-i", str(tmp_path / "firmware" / IMAGE), "-y", "burn"]]
     state = _state(tmp_path)
+    # F1: after the burn the NIC still runs 28.38.1002 (FW Version(Running)): not "updated"
     assert (state["outcome"], state["before"], state["after"], state["wanted"]) == \
-        ("updated", "28.38.1002", WANTED, WANTED)
+        ("needs-reset", "28.38.1002", "28.38.1002", WANTED)
     assert "installed 28.38.1002, wanted 28.39.1002" in proc.stdout
     metric = (tmp_path / "textfile" / "nodeforge_firmware_nic.prom").read_text()
-    assert 'nodeforge_firmware_update_outcome{component="nic",outcome="updated"} 1' in metric
+    assert 'nodeforge_firmware_update_outcome{component="nic",outcome="needs-reset"} 1' in metric
+    assert 'nodeforge_firmware_update_outcome{component="nic",outcome="updated"} 0' in metric
     assert 'nodeforge_firmware_update_outcome{component="nic",outcome="failed"} 0' in metric
     assert_promtool_accepts(metric)
 
@@ -464,10 +468,10 @@ def test_dgx_h100_disk_carries_the_driver_signed_with_the_key_given_at_build_tim
     archive = tmp_path / "build" / "images" / "gpu-node@dgx-h100" / "rootfs.tar.gz"
     out = tmp_path / "x"
     with tarfile.open(archive) as tar:
-        wanted = [m for m in tar.getmembers() if re.search(r"/updates/dkms/nvidia-current\.ko$", m.name)
+        wanted = [m for m in tar.getmembers() if re.search(r"/updates/dkms/nvidia-current(-open)?\.ko$", m.name)
                   or m.name.endswith("var/lib/nodeforge/module-signing.der")]
         tar.extractall(out, members=wanted, filter="data")
-    module = next(out.rglob("nvidia-current.ko"))
+    module = next(out.rglob("nvidia-current*.ko"))  # dgx-h100 runs the open modules: nvidia-current-open.ko
     signer = subprocess.run(["modinfo", "-F", "signer", str(module)], capture_output=True, text=True)
     assert signer.stdout.strip() == "nodeforge test MOK", signer
     assert next(out.rglob("module-signing.der")).stat().st_size > 0
