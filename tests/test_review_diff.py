@@ -27,7 +27,7 @@ SITE = """name: site
 summary: the site's time server
 applies-to: [container]
 params:
-  server: {type: str, default: ntp-a.example, doc: the NTP server}
+  server: {type: str, default: pool.ntp.example, doc: the NTP server}
 files:
   - path: /etc/chrony/chrony.conf
     content: |
