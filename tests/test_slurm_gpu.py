@@ -200,18 +200,24 @@ def test_slurmd_reads_the_cgroup_conf_and_a_key_22_05_lacks_is_fatal(docker_clie
     assert "fatal: Could not open/read/parse cgroup.conf" in run.output
 
 
+# slurmctld started in the background ($pid) and waited for until it is the primary controller or exits
+START_SLURMCTLD = """
+slurmctld -D -v > /tmp/slurmctld.log 2>&1 & pid=$!
+for i in $(seq 1 90); do
+    grep -q 'Running as primary controller' /tmp/slurmctld.log && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+done
+"""
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_slurmctld_starts_on_the_minimal_cluster_config(docker_client: Any, slurm_image: str) -> None:
     files = generated()
     script = """
         service munge start >/dev/null 2>&1
-        slurmctld -D -v > /tmp/slurmctld.log 2>&1 & pid=$!
-        for i in $(seq 1 90); do
-            grep -q 'Running as primary controller' /tmp/slurmctld.log && break
-            kill -0 $pid 2>/dev/null || break
-            sleep 1
-        done
+    """ + START_SLURMCTLD + """
         if kill -0 $pid 2>/dev/null; then echo "slurmctld running"; kill $pid; wait $pid
         else wait $pid; echo "slurmctld exit $?"; fi
         cat /tmp/slurmctld.log
@@ -239,12 +245,7 @@ SHOW_CONFIG = """
     [ -s /etc/munge/munge.key ] || { mungekey -c -f; chown munge:munge /etc/munge/munge.key; }
     mkdir -p /run/munge && chown munge:munge /run/munge
     runuser -u munge -- /usr/sbin/munged || echo "munged did not start"
-    slurmctld -D -v > /tmp/slurmctld.log 2>&1 & pid=$!
-    for i in $(seq 1 90); do
-        grep -q 'Running as primary controller' /tmp/slurmctld.log && break
-        kill -0 $pid 2>/dev/null || break
-        sleep 1
-    done
+""" + START_SLURMCTLD + """
     for i in $(seq 1 30); do scontrol show config > /tmp/config 2>&1 && break; sleep 1; done
     cat /tmp/config
     kill $pid 2>/dev/null; wait $pid
