@@ -5,7 +5,7 @@ CONFIG   ?= configs/default.yaml
 IMAGE    ?= images/gpu-node.yaml
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: setup build test test-fast test-offline lint bench gpu-check clean
+.PHONY: setup build test test-fast test-offline lint bench gpu-check lock-report clean
 
 setup:
 	@scripts/setup.sh
@@ -45,6 +45,11 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/python benchmarks/run.py
+
+# every lock against a fresh resolution, security updates marked [security]; a report (exit 0 on
+# drift and when Debian's archive cannot be reached), for a scheduled job beside make test
+lock-report: setup
+	NF=$(NF) scripts/lock-report.sh
 
 gpu-check: setup
 	scripts/gpu-check.sh $(CUDA_VERSIONS)

@@ -31,7 +31,15 @@ def mmdebstrap_command(debian: dict[str, Any], out: str) -> list[str]:
            *MMDEBSTRAP_OPTIONS, f"--customize-hook={DROP_HOST_FILES}"]
     if debian["include"]:
         cmd.append(f"--include={','.join(debian['include'])}")
-    return [*cmd, debian["suite"], out, debian["mirror"]]
+    return [*cmd, debian["suite"], out, debian["mirror"], *security_source(debian)]
+
+
+def security_source(debian: dict[str, Any]) -> list[str]:
+    """The security archive as a sources.list line for mmdebstrap (a MIRROR argument that starts with
+    "deb " is taken as written), or nothing when the image leaves it out."""
+    if not debian.get("security"):
+        return []
+    return [f"deb {debian['security']} {debian['suite']}-security {' '.join(debian['components'])}"]
 
 
 def recipe(debian: dict[str, Any], epoch: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import yaml
 
+from .debversion import newer
 from .errors import DefinitionError, Problem
 from .paths import build_dir
 
@@ -44,6 +45,9 @@ class Lock:
     # origin is apt's release list ("Debian:12.15/oldstable, Debian-Security:12/oldstable-security")
     archives: dict[str, dict[str, str]] = field(default_factory=dict)
     config: str | None = None  # the config that owns it (it changes the image), None for images/<image>.lock
+    # package -> the newest version a security archive offers, from a fresh resolution only (never
+    # written): what `lock --check` compares the lock's versions with, whatever pins the image sets
+    security: dict[str, str] = field(default_factory=dict)
 
 
 def lock_name(image: str, config: str | None = None) -> str:
@@ -261,7 +265,7 @@ def _origin_note(lock: Lock, pkg: str, version: str) -> str:
     security = from_security(origin)
     if security is None:
         return "[origin unknown]"
-    return f"[{'security' if security else 'not security'}: {origin}]"
+    return f"[security: {origin}]" if security else f"[not security: {origin}]"
 
 
 def drift(old: Lock | None, new: Lock) -> list[str]:
@@ -275,4 +279,21 @@ def drift(old: Lock | None, new: Lock) -> list[str]:
             lines.append(f"+ {name}: {pkg} {vb} {_origin_note(new, pkg, vb)}")
         else:
             lines.append(f"~ {name}: {pkg} {va} -> {vb} {_origin_note(new, pkg, vb)}")
-    return lines + _wheel_diff(old, new)
+    return lines + _wheel_diff(old, new) + held_below_security(old, new)
+
+
+def held_below_security(old: Lock | None, new: Lock) -> list[str]:
+    """A line per package that the lock pins below what a security archive offers and that the fresh
+    resolution does not move either (an image's own pin holds it: a driver version, a hold)."""
+    if old is None:
+        return []
+    moved = {(name, pkg) for name, pkg, _, _ in _changed_packages(old, new)}
+    lines = []
+    for name, entry in old.layers.items():
+        for pkg, version in sorted({**entry.get("direct", {}), **entry.get("deps", {})}.items()):
+            offered = new.security.get(pkg)
+            if offered and (name, pkg) not in moved and newer(offered, version):
+                lines.append(f"! {name}: {pkg} {version} is held below the security archive's {offered} "
+                             "[security]: raise the pin that holds it (the layer's version parameter), "
+                             "then run nodeforge lock")
+    return lines

@@ -358,9 +358,10 @@ class Builder:
 def check_locks(tree: Tree, progress: Progress, sets: Overrides | None = None) -> dict[str, list[str]]:
     """`nodeforge lock --check --all`: every lock file the tree's (image, config) pairs own (one per
     owner, compose.pairs.owners), each against a fresh resolution: lock name -> the drift lines
-    (lockfile.drift; empty when current). A pair with no lock file drifts by every package."""
+    (lockfile.drift: changed packages, and packages held below a security update; empty when
+    current). A pair with no lock file drifts by every package."""
     out: dict[str, list[str]] = {}
     for name, pair in owners(tree).items():
         current, fresh = Builder(tree, pair.config, list(sets or []), progress).resolve_lock(pair.image)
-        out[name] = lock.drift(current, fresh) if lock.diff(current, fresh) else []
+        out[name] = lock.drift(current, fresh)
     return out

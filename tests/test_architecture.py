@@ -36,7 +36,7 @@ RANKS: list[set[str]] = [
     {"plan", "debian", "progress", "resources"},
     {"paths"},
     {"errors"},
-    {"escaping"},
+    {"escaping", "debversion"},
 ]
 
 

@@ -82,7 +82,7 @@ def test_d4_proprietary_modules_are_the_default(tree: Any) -> None:
     assert plan.params["nvidia-driver.kernel_module"].value == "proprietary"
     assert "nvidia-kernel-dkms" in plan.packages and "nvidia-open-kernel-dkms" not in plan.packages
     assert "options nvidia-current NVreg_" in files_of(plan)["/etc/modprobe.d/nodeforge-nvidia-driver.conf"]
-    assert "dkms-build-check nvidia-current 535.261.03" in driver_step(plan).apply
+    assert "dkms-build-check nvidia-current 535.309.01" in driver_step(plan).apply  # the security version
 
 
 def test_d4_dgx_h100_installs_debian_contribs_open_modules(tree: Any) -> None:

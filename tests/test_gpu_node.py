@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIRMWARE_FIXTURES = ROOT / "tests" / "fixtures" / "firmware"
 GPU_PRESENT = ROOT / "layers" / "gpu-present" / "files" / "nvidia-gpu-present"
 FIRMWARE_FILES = ROOT / "layers" / "firmware" / "files"
-DRIVER_VERSION = "535.261.03"
+DRIVER_VERSION = "535.261.03"  # the dgx-h100 config's: Debian 12 has the open modules at this version only
 
 
 CLI = [sys.executable, "-m", "builder.cli", "--root", str(ROOT)]

@@ -25,31 +25,33 @@ KEYS_TREE = Path(__file__).resolve().parent / "fixtures" / "keys-tree"
 # Every plan key moved once, on purpose, when the base key came to digest the whole bootstrap recipe
 # (builder.debian.recipe: mmdebstrap's command line with its options and the dropped host files, and
 # the engine import's changes ENV PATH and CMD) instead of a hand-written stand-in for it; every step
-# key chains from the base key. The tables digests did not move.
+# key chains from the base key. The tables digests did not move. Every plan key moved again, once,
+# when the recipe gained Debian's security archive as a second source (from.debian.security); the
+# tables digests did not move.
 EXPECTED: dict[str, tuple[str, str]] = {
-    "container-base": ("363c3d3842621af8902d6c561b51000ae5b4edba43fd02ffb3b49797991b5082",
+    "container-base": ("121aba0d979afc8be908df0bac57e2e1ad894b5601013faf45188f5971457559",
                        "de077f29cbd753153616cc3837640bf3849397de298638c2d998fa15da0656c9"),
-    "cuda-11.8-base": ("e3bef2a601eddf5645540c338982024a5ae44db8311c72341e07b19ad7933895",
+    "cuda-11.8-base": ("a2fc4d5b02cbd2b10ce6ddbc77a77bc8510e98e655157aeca6e4460fe77dee15",
                        "a6e75b01a7e9aaa61d2b87bf836eda5533ab1a76fb0475d4c69ca97da6bbff54"),
-    "cuda-11.8-base-slim": ("09af860e00702269fa1f76a30985d59fc62c72c433afa9eb0dfd4f7c5952ebaf",
+    "cuda-11.8-base-slim": ("bde15680f11b955c885399236435ac72a18f2ed94ce9ce8928ded8a417758350",
                             "a439e0b2f7609635f27fefef965402f0401c336b75603a6d0788bb1f84ccc0ce"),
-    "cuda-11.8-devel": ("6584c2f270d32c2319e0cfda40d877260ef2047446f7a5c89bb13cbe49b2c2b3",
+    "cuda-11.8-devel": ("0bb0acdfa8989f55ee5297aad4fede65e9d995d73d8be92355ec9a6fd10b8af9",
                         "c852b33d5b20c4399598af587920a989e8fc8253dbd70b3e34bebb57d4fb9c5e"),
-    "cuda-11.8-runtime": ("671e06974012cd798205951a3331cc5e34dee7fad835e80cd333f875a0a85928",
+    "cuda-11.8-runtime": ("359f9f06ab32a2c8fdb0beba0639e75070d0fd2c89d15e0c0f80132b09a42516",
                           "5e4ceba6803ec6be4aff7b330600f228c9a966321fa38d536281fdb0c440dda4"),
-    "cuda-12.9-base": ("6f3900025f5989fc88afc71d3d886ebba0aa65f99b6428f1391515a5cf4d9cde",
+    "cuda-12.9-base": ("bb1b253f0bd1436ee2c913882f96733c1265bb8911eeb5ec33b15747289ba276",
                        "f3da117590b4963dcac941a2d08f37c74c5310b7ff3905a8efb2c3fc8e440556"),
-    "cuda-12.9-runtime": ("1c04d4fb9e5805162aa369b9100d1427ad62b96c4ea70999eb9bb332fd8ddf6c",
+    "cuda-12.9-runtime": ("bf933f9d816fc24c11c7ae2b3c3c58ad09b1e29f53b6aa294f10091c85fca9c8",
                           "513760d90b46031cdb042583a639f1a309f6db989bb26a719a09774d67d880b9"),
-    "cuda-13.0-base": ("dc0c02dcc618e68ff8881adcde43cff73e957dce926b1e795e8de2cf592960d1",
+    "cuda-13.0-base": ("13755cd0223d45a9d82f45a6aab0fa50694450506360486fdaad6748c9fde86e",
                        "e16e71410f50f055d204b7cac597eb7ca86008ee4474b8a92f597ab2bfc8d1cc"),
-    "cuda-13.0-devel": ("203a65a486235e93cdda5423044e49d7d435a81ca9fc15ae51ffdc3283b6443c",
+    "cuda-13.0-devel": ("de7ffa0988c8dc14c6c7d26c7b4fe91cf9140c7d6bc98acaa888a980a5b6b5c4",
                         "5e7632431c1607bb15cd9ba882a6fdc9e2ed43d3c8d343fb0026f5d95e3fdb28"),
-    "cuda-13.0-runtime": ("8e7956bcee144548f45422ca730b658f5fa486b7d572bb841cf8d51ab23cbb51",
+    "cuda-13.0-runtime": ("8d671a5feba06e5cdb419938b359f528c04182b482f33009099a0542de47753b",
                           "fb31918cb7e4bf013a792701dce8b6377eeba99ce9d2f6d72522fd0ccff36558"),
-    "cupy-cuda12.9": ("c890f637740a554116e9042e207c374f09e38411dbdf45b1e74b897f063e0f08",
+    "cupy-cuda12.9": ("43378c696d98324f55a797077b9fc53d7073feaa8738348647bcf0fbddec75df",
                       "271b9f251b2aa549de2a270122f1b9938443e44c4febffe3d5d5877dfd446d5c"),
-    "node-minimal": ("dec9495deabf93d9ed5a45aed51c191eeffeef46c668d8503b5b4da7cc1b8d1d",
+    "node-minimal": ("182b4cd8f5615c7994c9089f882f818f53cad97a93bf1c434ff97c34a6a770ca",
                      "f3c821595b49c5114807a83d9e8384c8718735f9ad4f4dc78876df3ca66235c0"),
 }
 

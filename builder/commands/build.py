@@ -65,8 +65,10 @@ def lock(inv: Invocation) -> int:
     current, fresh = Builder(tree, inv.config, inv.sets, Progress()).resolve_lock(name)
     changes = lockfile.diff(current, fresh)
     if inv.args.check:
-        if changes:  # per package: old -> new version, and whether the new one is a security update
-            print("\n".join(lockfile.drift(current, fresh)))
+        # per package: old -> new version and whether the new one is a security update; and what the
+        # image's pins hold below a security update
+        if drifted := lockfile.drift(current, fresh):
+            print("\n".join(drifted))
             return 1
         print(f"{name}: lock is current")
         return 0

@@ -236,6 +236,10 @@ LAYER = Struct({
 DEBIAN = Struct({
     "suite": Field(Enum(("bookworm", "trixie")), "Debian suite", required=True),
     "mirror": Field(Str(r"https?://\S+", "an http(s) URL"), "Debian mirror", default="http://deb.debian.org/debian"),
+    "security": Field(Str(r"(https?://\S+)?", "an http(s) URL or empty"),
+                      "Debian security archive: SUITE-security (same components) is a source of the base beside the "
+                      "mirror, so the bootstrap and every layer install security updates and the lock pins them; "
+                      "empty leaves it out", default="http://deb.debian.org/debian-security"),
     "components": Field(ListOf(Enum(("main", "contrib", "non-free", "non-free-firmware")), unique=True),
                         "archive components", default=["main"]),
     "variant": Field(Enum(("minbase", "essential", "apt", "required", "important", "standard")),

@@ -13,6 +13,7 @@ from pathlib import Path
 import docker
 
 from .. import resources
+from ..debversion import newer
 from ..errors import BuildFailed
 from ..lockfile import Lock, wheel_name
 from ..plan import BuildPlan
@@ -27,12 +28,20 @@ _INST_ORIGIN = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\(\S+ ?(.*?) ?\[([^\]]+)
 _MARK = "@@nodeforge-layer "
 _ARCHIVES = "@@nodeforge-archives"
 _SEEN = "/tmp/nodeforge-resolved"
+_SECURITY = "@@nodeforge-security"
 # name=version of every package simulated or already there, then apt's record of that .deb
 _ARCHIVE_SCRIPT = (f"echo {_ARCHIVES}\n"
                    "sed -nE 's/^Inst ([^ ]+) (\\[[^]]*\\] )?\\(([^ ]+).*/\\1=\\3/p; "
                    "s/^Have ([^ ]+) ([^ ]+)$/\\1=\\2/p' "
                    f"{_SEEN} 2>/dev/null | sort -u | xargs -r apt-cache show 2>/dev/null "
                    "| grep -E '^(Package|Version|Architecture|SHA256):' || true")
+# every version of those packages that a security archive offers (apt-cache madison: "name | version |
+# URI suite-security/component arch Packages"), whether or not a pin lets apt take it
+_SECURITY_SCRIPT = (f"echo {_SECURITY}\n"
+                    "sed -nE 's/^(Inst|Have) ([^ ]+) .*/\\2/p' "
+                    f"{_SEEN} 2>/dev/null | sort -u | xargs -r apt-cache madison 2>/dev/null "
+                    "| awk -F'|' '$3 ~ /-security\\// { gsub(/ /, \"\", $1); gsub(/ /, \"\", $2); print $1, $2 }' "
+                    "|| true")
 
 
 def _script(plan: BuildPlan) -> str:
@@ -48,6 +57,7 @@ def _script(plan: BuildPlan) -> str:
             lines.append(f"apt-get install -s -q --no-install-recommends {pkgs} | grep '^Inst ' | {keep} || true")
             lines.append(f"dpkg-query -W -f='Have ${{Package}} ${{Version}}\\n' {pkgs} 2>/dev/null | {keep} || true")
     lines.append(_ARCHIVE_SCRIPT)
+    lines.append(_SECURITY_SCRIPT)
     lines.append(f"echo {END_MARK}")
     return "\n".join(lines) + "\n"
 
@@ -108,8 +118,9 @@ def resolve(c: docker.DockerClient, plan: BuildPlan, base_ref: str, progress: Pr
         seen.update(new)
     progress.say(plan.image, f"resolved {len(seen)} packages in {t.seconds:.1f}s")
     locked = {p for e in layers.values() for part in e.values() for p in part.items()}
+    stdout, _, offered = stdout.partition(_SECURITY)
     return Lock(plan.image, plan.base.key, layers, resolve_wheels(c, plan, base_ref, progress),
-                archives(stdout, locked))
+                archives(stdout, locked), security=security_versions(offered))
 
 
 def archives(stdout: str, locked: set[tuple[str, str]]) -> dict[str, dict[str, str]]:
@@ -127,6 +138,16 @@ def archives(stdout: str, locked: set[tuple[str, str]]) -> dict[str, dict[str, s
             found.setdefault(name, {}).update(version=version, architecture=fields.get("Architecture", ""),
                                               sha256=fields["SHA256"])
     return {n: a for n, a in sorted(found.items()) if "version" in a}
+
+
+def security_versions(text: str) -> dict[str, str]:
+    """package -> the newest version a security archive offers (from the madison lines)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, version = line.strip().partition(" ")
+        if name and version and " " not in version and (name not in found or newer(version, found[name])):
+            found[name] = version
+    return found
 
 
 # --- wheels ---------------------------------------------------------------------------------------

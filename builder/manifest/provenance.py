@@ -41,8 +41,9 @@ def _dependencies(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         base_dep["digest"] = _sha256(base["digest"])
     if base.get("debian"):
         debian = dict(base["debian"])
-        if debian.get("mirror"):  # a record never holds a credential
-            debian["mirror"] = redact_url(str(debian["mirror"]))
+        for archive in ("mirror", "security"):  # a record never holds a credential
+            if debian.get(archive):
+                debian[archive] = redact_url(str(debian[archive]))
         base_dep["annotations"]["debian"] = debian
         base_dep["uri"] = str(debian.get("mirror") or "")
     if not base_dep.get("digest") and not base_dep.get("uri"):

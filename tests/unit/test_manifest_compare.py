@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from builder import lockfile
+import pytest
+
+from builder import debversion, lockfile
+from builder.engine import resolve
 from builder.manifest import compare, document, provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,6 +238,44 @@ def test_lock_drift_shows_old_new_and_security_origin(tmp_path: Path) -> None:
     ]
     assert lockfile.drift(again, again) == []
     assert lockfile.diff(old, new)[:2] == ["- base: curl 7.88.1-10", "+ base: curl 7.88.1-10+deb12u5"]
+
+
+VERSION_PAIRS = [("535.309.01-0+deb12u1", "535.261.03-1"), ("1.0~rc1", "1.0"), ("1.0", "1.0-0"),
+                 ("1:0.1", "9.9"), ("2.36-9+deb12u4", "2.36-9"), ("1.0a", "1.0+"), ("1.0~~", "1.0~"),
+                 ("7.88.1-10+deb12u5", "7.88.1-10+deb12u12"), ("3.0.22-1~deb12u2", "3.0.3-1"),
+                 ("1.2.3", "1.2.3"), ("0:1.2", "1.2"), ("1.18.0-1", "1.18.0-1ubuntu1"), ("10", "9a")]
+
+
+@pytest.mark.parametrize("a,b", VERSION_PAIRS)
+def test_version_order_is_dpkgs(a: str, b: str) -> None:
+    def dpkg(op: str) -> bool:
+        return subprocess.run(["dpkg", "--compare-versions", a, op, b]).returncode == 0
+    want = 1 if dpkg("gt") else -1 if dpkg("lt") else 0
+    assert debversion.compare(a, b) == want and debversion.compare(b, a) == -want
+
+
+def test_madison_lines_give_the_newest_security_version() -> None:
+    assert resolve.security_versions("nvidia-smi 535.261.03-0+deb12u1\nnvidia-smi 535.309.01-0+deb12u1\n"
+                                     "libssl3 3.0.9-1\n\nbroken\n") == {"nvidia-smi": "535.309.01-0+deb12u1",
+                                                                         "libssl3": "3.0.9-1"}
+
+
+def test_lock_check_names_a_package_held_below_its_security_update() -> None:
+    """A pin (the driver layer's version) keeps the fresh resolution where the lock is: no version
+    changes, yet the security archive offers a newer one. lock --check says so, [security]."""
+    layers = {"nvidia-driver": {"direct": {"nvidia-smi": "535.261.03-1"}, "deps": {"libc6": "2.36-9+deb12u4"}}}
+    old = lockfile.Lock("gpu-node", "b", layers)
+    fresh = lockfile.Lock("gpu-node", "b", layers, security={"nvidia-smi": "535.309.01-0+deb12u1",
+                                                             "libc6": "2.36-9+deb12u4", "other": "9"})
+    assert lockfile.diff(old, fresh) == []
+    assert lockfile.drift(old, fresh) == [
+        "! nvidia-driver: nvidia-smi 535.261.03-1 is held below the security archive's 535.309.01-0+deb12u1 "
+        "[security]: raise the pin that holds it (the layer's version parameter), then run nodeforge lock"]
+    at_security = lockfile.Lock("gpu-node", "b", {"nvidia-driver": {"direct": {"nvidia-smi": "535.309.01-0+deb12u1"},
+                                                                    "deps": {}}}, security=fresh.security)
+    assert lockfile.drift(at_security, at_security) == []
+    moved = lockfile.drift(old, at_security)  # a package the resolution moves is named once, by its move
+    assert len(moved) == 2 and moved[1].startswith("~ nvidia-driver: nvidia-smi 535.261.03-1 -> 535.309.01")
 
 
 def test_archives_do_not_enter_the_lock_entry_a_step_key_reads() -> None:
