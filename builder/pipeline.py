@@ -246,6 +246,8 @@ class Builder:
                     log = self.log_dir / name / f"{i:02d}-{step.layer}.log"
                     if plan.install is not None and step.key == plan.install.key and (self.mirror or step.wheels):
                         offline.package_step(c, step, ref, plan.base.epoch, self.mirror, log)
+                    elif step.host_sources:
+                        offline.source_step(c, step, ref, plan.base.epoch, self.mirror is not None, log)
                     else:
                         self._engine_step(c, step, ref, plan, tag, log)
                     status = "built"

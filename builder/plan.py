@@ -65,6 +65,16 @@ class Test:
 
 
 @dataclass(frozen=True)
+class HostSource:
+    """A directory on the build host that a step sees read-only (compose.host_sources)."""
+
+    param: str  # layer.param
+    path: str  # the directory on the build host
+    sums_sha256: str  # of its SHA256SUMS: what the step's key takes from it
+    mount: str  # where the step sees it, read-only
+
+
+@dataclass(frozen=True)
 class LayerStep:
     layer: str
     summary: str
@@ -77,6 +87,7 @@ class LayerStep:
     wheels: tuple[str, ...] = ()  # pip requirements, as written (the lock pins them)
     entrypoint: tuple[str, ...] | None = None  # ENTRYPOINT set by this layer
     install: str = ""  # package-phase lines after the apt install: wheels, holds, package-phase steps
+    host_sources: tuple[HostSource, ...] = ()  # build-host directories its config step sees
 
 
 @dataclass(frozen=True)

@@ -276,10 +276,11 @@ def test_a_value_its_type_refuses_is_a_definition_error(setting: str, expected: 
     assert expected in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_typed_values_that_fit_plan() -> None:
+def test_typed_values_that_fit_plan(tmp_path: Path) -> None:
     digest = "0" * 64
+    (tmp_path / "SHA256SUMS").write_text("")  # a build-host source: a directory with its list
     proc = plan(ROOT, "images/gpu-node.yaml", "monitoring.listen=[::]", "monitoring.textfile_dir=/srv//prom/",
-                "nvidia-container-runtime.offline_source=file:/srv/debs/",
+                f"nvidia-container-runtime.offline_source=file:{tmp_path}/",
                 "nvidia-driver.fabricmanager_source=https://mirror.example:8443/fm/",
                 f"nvidia-driver.fabricmanager_sums_sha256={digest}", "nvidia-driver.fabricmanager=true")
     assert proc.returncode == 0, proc.stderr

@@ -79,3 +79,21 @@ def test_lock_check_flags_a_planted_older_driver_pin_as_security(tmp_path: Path)
     assert (f"! nvidia-driver: nvidia-smi 535.261.03-1 is held below the security archive's {current} [security]"
             in held.stdout), held.stdout
     assert (ROOT / "images" / "gpu-node.lock").read_text().count(current) > 0  # the repository's lock untouched
+
+
+# --- which CUDA images run on the config's nodes -------------------------------------------------
+
+def _plan_stderr(image: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "builder", "plan", f"images/{image}.yaml", *args],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+def test_plan_warns_when_a_cuda_13_image_meets_a_535_node() -> None:
+    warned = _plan_stderr("cuda-13.0-runtime", "-c", "dgx-h100")
+    assert "needs driver >= 580 (NVIDIA_REQUIRE_CUDA)" in warned and "run 535.261.03 (config dgx-h100)" in warned
+    assert "cuda-compat" in warned
+    assert "needs driver" in _plan_stderr("cuda-13.0-base")  # the layer's default driver: 535 too
+    for image in ("cuda-12.9-runtime", "cuda-11.8-runtime", "node-minimal", "gpu-node"):
+        assert "needs driver" not in _plan_stderr(image), image  # 12.x needs 525, 11.x 450; no CUDA env

@@ -10,6 +10,7 @@ from typing import Any
 from ..checks import rootfs
 from ..checks.registry import listing
 from ..compose import image
+from ..compose.compat import driver_warning
 from ..compose.explain import explain
 from ..compose.image import compose
 from ..definitions.reference import document, layer
@@ -58,6 +59,8 @@ def validate(inv: Invocation) -> int:
 
 def plan(inv: Invocation) -> int:
     p = compose(inv.tree, inv.image, inv.config, inv.sets)
+    if warning := driver_warning(inv.tree, p, inv.config):
+        print(f"plan: {warning}", file=sys.stderr)
     if inv.args.json:
         print(json.dumps(p.to_json(), indent=2, default=str))
     else:

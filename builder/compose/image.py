@@ -15,7 +15,7 @@ from ..definitions.load import Config, Image, Layer, Tree
 from ..definitions.tables import UNJUDGED
 from ..errors import Collector, DefinitionError
 from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
-from . import contributions, phases
+from . import contributions, host_sources, phases
 from .apply import apply_script, install_lines
 from .graph import resolve
 from .params import Overrides, Setting, check_sets_used, format_sets, resolve_params, where_set
@@ -305,10 +305,11 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
     for name in order:
         ctx = {**all_params[name], **ictx}
         check_asserts(tree.layers[name], ctx, out, settings)
-        scope = LayerScope(tree.layers[name], ctx, settings[name], merged, locked)
+        seen_as, sources = host_sources.of_layer(tree.layers[name], settings[name], out)
+        scope = LayerScope(tree.layers[name], {**ctx, **seen_as}, settings[name], merged, locked)
         step, package_inputs, layer_tests = layer_step(scope)
         if step is not None:
-            unkeyed.append((step, package_inputs))
+            unkeyed.append((dataclasses.replace(step, host_sources=sources), package_inputs))
             tests.extend(layer_tests)
     install, steps = phases.assign_keys(base.key, unkeyed, image.data["kind"] == "node")
     if image.data["kind"] == "node":

@@ -133,6 +133,50 @@ def package_step(c: docker.DockerClient, step: LayerStep, parent_ref: str, epoch
     return tag
 
 
+def source_step(c: docker.DockerClient, step: LayerStep, parent_ref: str, epoch: int, offline: bool,
+                log: Path) -> str:
+    """A config step that reads build-host directories (compose.host_sources): its files and script
+    put in as COPY would, the script run as the Dockerfile's RUN runs it, each directory bind-mounted
+    read-only where the script expects it (a bind mount is not committed), then committed under the
+    step's key with its ENV and ENTRYPOINT; offline: with the network off, as every offline step."""
+    parent: dict[str, Any] = inspect(c, parent_ref)["Config"] or {}
+    kwargs: dict[str, Any] = {"entrypoint": []} if parent.get("Entrypoint") else {}
+    kwargs["volumes"] = {h.path: {"bind": h.mount, "mode": "ro"} for h in step.host_sources}
+    if offline:
+        kwargs["network_mode"] = "none"
+    cmd = (["/usr/bin/env", f"SOURCE_DATE_EPOCH={epoch}", "/bin/bash", f"{APPLY_DIR}/{step.layer}.sh"]
+           if step.apply else ["/bin/true"])
+    container = c.containers.create(parent_ref, cmd, user="root", **kwargs)
+    try:
+        container.put_archive("/", _context_tar(step))
+        container.start()
+        status = container.wait(timeout=3600)
+        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        sources = ", ".join(f"{h.param} at {h.mount}" for h in step.host_sources)
+        log.write_text(f"layer {step.layer} {step.key} on {parent_ref}, build-host sources: {sources}\n----\n{output}")
+        if status.get("StatusCode", 1) != 0:
+            tail = "\n".join(output.splitlines()[-20:])
+            raise BuildFailed(f"layer {step.layer} failed (exit {status.get('StatusCode')}):\n{tail}\n"
+                              f"(full log: {log})")
+        tag = step_ref(step.key)
+        repo, _, key = tag.rpartition(":")
+        conf = {k: parent[k] for k in _KEPT if parent.get(k) is not None}
+        expected = dict(parent)
+        if step.env:
+            names = {k for k, _ in step.env}
+            env = [e for e in parent.get("Env") or [] if e.partition("=")[0] not in names]
+            conf["Env"] = expected["Env"] = env + [f"{k}={v}" for k, v in step.env]
+        if step.entrypoint is not None:
+            conf["Entrypoint"] = expected["Entrypoint"] = list(step.entrypoint)
+            conf["Cmd"] = expected["Cmd"] = None  # ENTRYPOINT resets CMD
+        container.commit(repository=repo, tag=key, conf=conf)
+    finally:
+        container.remove(force=True)
+    _check_config(c, tag, expected)
+    return tag
+
+
 def _check_config(c: docker.DockerClient, tag: str, parent: dict[str, Any]) -> None:
     """The committed step keeps its parent's command, entrypoint, environment and labels, as a RUN
     does (the container carries no label of its own: a commit would keep it)."""
