@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.configs import DGX_OPEN_MODULES
 
 from builder.compose import compose
 from builder.compose.params import parse_sets
@@ -85,10 +86,17 @@ def test_d4_proprietary_modules_are_the_default(tree: Any) -> None:
     assert "dkms-build-check nvidia-current 535.309.01" in driver_step(plan).apply  # the security version
 
 
-def test_d4_dgx_h100_installs_debian_contribs_open_modules(tree: Any) -> None:
+def test_d4_dgx_h100_runs_the_proprietary_modules_at_the_security_driver(tree: Any) -> None:
     plan = plan_of(tree, "dgx-h100")
-    assert plan.params["nvidia-driver.kernel_module"].value == "open"
+    assert plan.params["nvidia-driver.kernel_module"].value == "proprietary"
     assert plan.params["nvidia-driver.kernel_module"].source.startswith("config dgx-h100")
+    assert "dkms-build-check nvidia-current 535.309.01" in driver_step(plan).apply
+    assert "nvidia-fabricmanager-535=535.309.01-1" in driver_step(plan).apply
+
+
+def test_d4_open_modules_install_debian_contribs_package(tree: Any) -> None:
+    plan = plan_of(tree, "dgx-h100", *DGX_OPEN_MODULES)
+    assert plan.params["nvidia-driver.kernel_module"].value == "open"
     assert "nvidia-open-kernel-dkms" in plan.packages and "nvidia-kernel-dkms" not in plan.packages
     step = driver_step(plan)
     assert "apt-mark hold nvidia-open-kernel-dkms" in step.install and "nvidia-open-kernel-support" in step.install
@@ -139,12 +147,12 @@ def test_d4_open_modules_are_refused_exactly_for_gpus_older_than_turing(scratch_
 
 
 def test_d4_open_modules_need_the_nvidia_flavour(tree: Any) -> None:
-    found = problems(tree, "dgx-h100", "nvidia-driver.flavour=tesla-535")
+    found = problems(tree, "dgx-h100", *DGX_OPEN_MODULES, "nvidia-driver.flavour=tesla-535")
     assert any("open-modules-only-in-the-nvidia-flavour" in p and "tesla-535" in p for p in found), found
 
 
 def test_d4_boot_tests_tell_open_from_proprietary_modules(tree: Any) -> None:
-    open_tests = driver_tests(plan_of(tree, "dgx-h100"))
+    open_tests = driver_tests(plan_of(tree, "dgx-h100", *DGX_OPEN_MODULES))
     prop_tests = driver_tests(plan_of(tree, "v100-slurm"))
     opened = open_tests["the driver runs the open kernel modules"].spec
     prop = prop_tests["the driver runs the proprietary kernel modules"].spec
@@ -157,10 +165,12 @@ def test_d4_boot_tests_tell_open_from_proprietary_modules(tree: Any) -> None:
 
 def test_d1_gpu_boot_test_reads_the_key_the_driver_prints(tree: Any) -> None:
     spec = driver_tests(plan_of(tree, "dgx-h100"))["the NVIDIA driver loads and nvidia-smi sees the GPUs"].spec
-    output = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\n" + VERSION_OPEN + PARAMS_ADMIN_ONLY
+    output = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\n" + VERSION_PROPRIETARY.replace("535.261.03", "535.309.01")
+              + PARAMS_ADMIN_ONLY)
     assert "RmProfilingAdminOnly: 1" in spec["stdout"]["contains"]
     assert stdout_passes(spec, output)
     assert not stdout_passes(spec, output.replace("RmProfilingAdminOnly: 1", "RmProfilingAdminOnly: 0"))
+    assert not stdout_passes(spec, output.replace("535.309.01", "535.261.03"))  # the version the image ships
 
 
 def test_d2_profiling_counters_stay_admin_only_by_default_and_on_the_dgx(tree: Any) -> None:

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIRMWARE_FIXTURES = ROOT / "tests" / "fixtures" / "firmware"
 GPU_PRESENT = ROOT / "layers" / "gpu-present" / "files" / "nvidia-gpu-present"
 FIRMWARE_FILES = ROOT / "layers" / "firmware" / "files"
-DRIVER_VERSION = "535.261.03"  # the dgx-h100 config's: Debian 12 has the open modules at this version only
+DRIVER_VERSION = "535.309.01"  # the dgx-h100 config's: bookworm-security's, the driver layer's default
 
 
 CLI = [sys.executable, "-m", "builder.cli", "--root", str(ROOT)]
@@ -53,9 +53,9 @@ def test_fabricmanager_version_mismatch_is_a_definition_error_naming_both_versio
     proc = nodeforge("plan", "images/gpu-node.yaml", "-c", "dgx-h100",
                      "--set", "nvidia-driver.fabricmanager_version=535.247.01")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "fabric manager 535.247.01 does not equal the NVIDIA driver 535.261.03" in proc.stderr
+    assert "fabric manager 535.247.01 does not equal the NVIDIA driver 535.309.01" in proc.stderr
     assert "asserts.fabricmanager-equals-driver" in proc.stderr and "Traceback" not in proc.stderr
-    assert "set nvidia-driver.fabricmanager_version to 535.261.03" in proc.stderr
+    assert "set nvidia-driver.fabricmanager_version to 535.309.01" in proc.stderr
     # the same mismatch with fabric manager off is no error: nothing installs it
     off = nodeforge("plan", "images/gpu-node.yaml", "-c", "default",
                     "--set", "nvidia-driver.fabricmanager_version=535.247.01")
@@ -128,7 +128,7 @@ def test_runtime_configuration_files_parse_and_say_what_gpu_facts_say(rendered: 
     assert toolkit["nvidia-container-cli"]["ldconfig"] == "@/sbin/ldconfig"
     assert toolkit["nvidia-container-runtime"]["mode"] == "auto"
     options = _layer_file(rendered, "nvidia-driver", "/etc/modprobe.d/nodeforge-nvidia-driver.conf").read_text()
-    assert re.search(r"^options nvidia-current-open NVreg_RestrictProfilingToAdminUsers=1$", options, re.M), options
+    assert re.search(r"^options nvidia-current NVreg_RestrictProfilingToAdminUsers=1$", options, re.M), options
 
 
 def test_runc_as_default_runtime_leaves_no_default_behind(tmp_path: Path) -> None:
@@ -471,7 +471,7 @@ def test_dgx_h100_disk_carries_the_driver_signed_with_the_key_given_at_build_tim
         wanted = [m for m in tar.getmembers() if re.search(r"/updates/dkms/nvidia-current(-open)?\.ko$", m.name)
                   or m.name.endswith("var/lib/nodeforge/module-signing.der")]
         tar.extractall(out, members=wanted, filter="data")
-    module = next(out.rglob("nvidia-current*.ko"))  # dgx-h100 runs the open modules: nvidia-current-open.ko
+    module = next(out.rglob("nvidia-current*.ko"))  # dgx-h100 runs the proprietary modules: nvidia-current.ko
     signer = subprocess.run(["modinfo", "-F", "signer", str(module)], capture_output=True, text=True)
     assert signer.stdout.strip() == "nodeforge test MOK", signer
     assert next(out.rglob("module-signing.der")).stat().st_size > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.configs import DGX_OPEN_MODULES
 from support.fake_tools import FAKES, Calls, fake_tools, overlay
 
 from builder.compose import compose
@@ -137,8 +138,17 @@ def problems(tree: Any, config: str, *sets: str, image: str = "gpu-node") -> lis
     return [f"{p.path}: {p.message} fix: {p.remedy}" for p in e.value.problems]
 
 
-def test_i1_dgx_h100_uses_dmabuf_with_open_modules_and_ships_no_peermem_unit(tree: Any) -> None:
+def test_i1_dgx_h100_on_debian_12_has_no_gpudirect_rdma_path(tree: Any) -> None:
+    """The proprietary modules export no DMA-BUF and the inbox stack has no peer-memory API."""
     plan = plan_of(tree, "dgx-h100")
+    assert plan.params["infiniband.peer_memory"].value == "none"
+    assert plan.params["nvidia-driver.kernel_module"].value == "proprietary"
+    assert "NCCL_DMABUF_ENABLE" not in files_of(plan)["/etc/nccl.conf"]
+    assert not {p for p in all_paths(plan) if "peermem" in p}
+
+
+def test_i1_dmabuf_with_open_modules_ships_no_peermem_unit(tree: Any) -> None:
+    plan = plan_of(tree, "dgx-h100", *DGX_OPEN_MODULES)
     assert plan.params["infiniband.peer_memory"].value == "dmabuf"
     assert plan.params["nvidia-driver.kernel_module"].value == "open"
     assert "NCCL_DMABUF_ENABLE=1\n" in files_of(plan)["/etc/nccl.conf"]
@@ -158,7 +168,7 @@ def test_i1_v100_has_no_peermem_unit_on_the_inbox_stack(tree: Any) -> None:
 
 
 def test_i1_dmabuf_with_the_proprietary_modules_is_a_definition_error(tree: Any) -> None:
-    found = problems(tree, "dgx-h100", "nvidia-driver.kernel_module=proprietary")
+    found = problems(tree, "dgx-h100", "infiniband.peer_memory=dmabuf")
     hit = [p for p in found if "dmabuf-needs-the-open-gpu-kernel-modules" in p]
     assert hit and "set nvidia-driver.kernel_module: open" in hit[0], found
 
