@@ -62,6 +62,7 @@ def test_the_step_sees_the_mount_and_its_key_takes_the_list_not_the_path(sources
 @pytest.mark.parametrize("make, expected", [
     (lambda d: d / "missing", "is not a directory"),
     (lambda d: d, "has no SHA256SUMS file"),
+    (lambda d: d / "a:b", "has a ':' or ','"),
 ])
 def test_a_host_directory_that_is_no_source_is_a_definition_error(tmp_path: Path, make: Any,
                                                                   expected: str) -> None:

@@ -54,6 +54,10 @@ def of_layer(layer: Layer, settings: dict[str, Setting], out: Collector
             continue
         directory = Path(value[len("file:"):])
         sums = directory / SUMS
+        if set(str(directory)) & set(":,"):  # the engine's bind syntax is HOST:TARGET:MODE
+            out.add("command line", None, key, f"the build-host source {directory} has a ':' or ',' in its path",
+                    "move or link the directory to a path without ':' and ','")
+            continue
         if not directory.is_dir() or not sums.is_file():
             what = "is not a directory" if not directory.is_dir() else f"has no {SUMS} file"
             out.add("command line", None, key, f"the build-host source {directory} {what}",
