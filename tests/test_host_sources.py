@@ -57,6 +57,8 @@ def test_the_step_sees_the_mount_and_its_key_takes_the_list_not_the_path(sources
     sums = elsewhere / "SHA256SUMS"
     sums.write_text(sums.read_text() + "0" * 64 + "  extra_1.0_all.deb\n")
     assert toolkit_step(plan(f"{TOOLKIT}=file:{elsewhere}"))["key"] != one["key"]
+    shown = nodeforge("plan", "images/gpu-node.yaml", "--set", f"{TOOLKIT}=file:{elsewhere}")
+    assert f"reads {elsewhere} (build host, read-only at /media; SHA256SUMS" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("make, expected", [

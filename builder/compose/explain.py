@@ -30,11 +30,15 @@ def explain(plan: BuildPlan, provenance: bool = False) -> str:
         d = plan.base.debian
         out.append(f"  base  debian {d['suite']} {d['variant']} [{' '.join(d['components'])}] "
                    f"SOURCE_DATE_EPOCH={plan.base.epoch}  {plan.base.key[:12]}")
+        out.append(f"        {d['mirror']}" + (f" + {d['security']} {d['suite']}-security" if d.get("security")
+                                                else " (no security archive)"))
     else:
         out.append(f"  base  image {plan.base.image}  {plan.base.key[:12]}")
     out.append("  layers:")
     for s in plan.steps:
         out.append(f"    {s.layer:<20} {s.key[:12]}  {'locked' if s.locked else 'unlocked'}  {s.summary}")
+        out.extend(f"      reads {h.path} (build host, read-only at {h.mount}; SHA256SUMS {h.sums_sha256[:12]}) "
+                   f"for {h.param}" for h in s.host_sources)
     out.append(f"  tags: {', '.join(plan.tags)}")
     sections: list[tuple[str, list[str]]] = [
         ("params", [f"{k} = {_v(v, provenance)}" for k, v in sorted(plan.params.items())])]
