@@ -25,10 +25,40 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMPORT_CHANGES = (f"ENV PATH={PATH}", 'CMD ["/bin/bash"]')  # `docker import --change`, one each
 
 
+# a slim base (from.debian.slim), as Debian's own -slim images are made and a little further: dpkg
+# keeps documentation (but not the copyright files), man and info pages and translations out, and
+# two things a container rarely reads: glibc's iconv modules for CJK and EBCDIC code pages (UTF-8,
+# UTF-16/32, ASCII and Latin-1 are built into glibc; the other ISO-8859 sets, the Windows code pages
+# and UTF-7 stay) and the leap-second "right/" time zones (Debian 13 moves them to tzdata-legacy).
+# mmdebstrap writes each --dpkgopt into the base's /etc/dpkg/dpkg.cfg.d/99mmdebstrap as well, so
+# every package installed later follows the same rules (dpkg: the last matching rule wins). Merged
+# /usr comes from mmdebstrap's hook (the usr-is-merged package) instead of the usrmerge package,
+# which pulls in all of perl (about 47 MB) for a conversion a fresh base does not need. The logs
+# the bootstrap wrote are removed.
+SLIM_PATH_RULES = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
+                   "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
+                   "path-exclude=/usr/share/groff/*", "path-exclude=/usr/share/lintian/*",
+                   "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias",
+                   "path-exclude=/usr/lib/*/gconv/*", "path-include=/usr/lib/*/gconv/gconv-modules*",
+                   "path-include=/usr/lib/*/gconv/ISO8859-*.so", "path-include=/usr/lib/*/gconv/CP12*.so",
+                   "path-include=/usr/lib/*/gconv/UTF-*.so", "path-include=/usr/lib/*/gconv/UNICODE.so",
+                   "path-exclude=/usr/share/zoneinfo/right/*")
+MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
+DROP_BOOTSTRAP_LOGS = ('rm -rf "$1"/var/log/apt/* "$1/var/log/dpkg.log" "$1/var/log/alternatives.log" '
+                       '"$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old')
+
+
+def slim_options(debian: dict[str, Any]) -> list[str]:
+    if not debian.get("slim"):
+        return []
+    return [f"--hook-dir={MERGED_USR_HOOKS}", *(f"--dpkgopt={rule}" for rule in SLIM_PATH_RULES),
+            f"--customize-hook={DROP_BOOTSTRAP_LOGS}"]
+
+
 def mmdebstrap_command(debian: dict[str, Any], out: str) -> list[str]:
     """The mmdebstrap command line that writes the base of `debian` (an image's from.debian) to out."""
     cmd = ["mmdebstrap", f"--variant={debian['variant']}", f"--components={','.join(debian['components'])}",
-           *MMDEBSTRAP_OPTIONS, f"--customize-hook={DROP_HOST_FILES}"]
+           *MMDEBSTRAP_OPTIONS, *slim_options(debian), f"--customize-hook={DROP_HOST_FILES}"]
     if debian["include"]:
         cmd.append(f"--include={','.join(debian['include'])}")
     return [*cmd, debian["suite"], out, debian["mirror"], *security_source(debian)]

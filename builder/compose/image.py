@@ -44,7 +44,8 @@ def _base(image: Image, out: Collector, parent: BuildPlan | None) -> Base:
             EPOCH_CHECK.report(out, image.file, image.line(), "source-date-epoch",
                                "an image bootstrapped from Debian needs a fixed source-date-epoch")
             epoch = 0
-        deb = dict(frm["debian"])
+        # slim at its default (false) is left out, so the plans and records of other images do not move
+        deb = {k: v for k, v in frm["debian"].items() if not (k == "slim" and not v)}
         key = digest(recipe(deb, epoch))
         return Base("debian", key, deb, None, epoch)
     assert parent is not None

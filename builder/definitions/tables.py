@@ -245,6 +245,10 @@ DEBIAN = Struct({
     "variant": Field(Enum(("minbase", "essential", "apt", "required", "important", "standard")),
                      "mmdebstrap variant", default="minbase"),
     "include": Field(ListOf(PKG, unique=True), "packages in the base itself", default=[]),
+    "slim": Field(Bool(), "a slim base for container images: merged /usr by mmdebstrap's own hook "
+                  "(usr-is-merged, so no usrmerge and no perl beyond perl-base), dpkg path-excludes for "
+                  "documentation (copyright files kept), man and info pages and translations, written into "
+                  "the base so every later install follows them; apt still installs on top", default=False),
 }, "a Debian bootstrap")
 
 LAYER_REF_VALUE = MapOf(IDENT, AnyValue())
