@@ -1,18 +1,40 @@
-"""CUDA image sizes: ours against one plain Dockerfile installing the same packages on the same base.
+"""CUDA image sizes: ours against one plain Dockerfile installing the same packages on the same base,
+on disk (`docker image inspect`) and to pull (the compressed layers and config of the manifest a
+push to a local docker-registry made), with the goals of the slim base and NVIDIA's published
+figures beside them (reference, not measured here: no registry can be pulled from).
 
 The plain Dockerfile is what one writes by hand: `apt-get install -y` (recommends included, lists
-kept) and, for the wheel-sourced versions, pip installing the same wheels at the same versions.
+kept) and, for the wheel-sourced versions, pip installing the same wheels at the same versions. Its
+base is our container-base, a Debian slim bootstrapped here (the debian:bookworm-slim equivalent).
 `python benchmarks/cuda_sizes.py [IMAGE...]` prints a table; run() returns the rows."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import docker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# disk goals (issue: a slim base that keeps apt), in bytes
+GOALS = {"container-base": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6, "cuda-13.0-base": 85e6}
+# NVIDIA's own images, as published (shared/reference/peers-2026.md: sources named there)
+NVIDIA = {"base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
+          "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
+          "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)"}
 IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
           "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]
 
@@ -30,7 +52,50 @@ def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(images: list[str] | None = None) -> list[tuple[str, int, int]]:
+@contextlib.contextmanager
+def local_registry() -> Iterator[str | None]:
+    """A docker-registry on 127.0.0.1 with its storage in a temporary directory (None without one)."""
+    if shutil.which("docker-registry") is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as d, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        config = Path(d) / "config.yml"
+        config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {d}/data\n"
+                          f"http:\n  addr: 127.0.0.1:{port}\n")
+        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(50):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def pull_size(c: docker.DockerClient, registry: str, local: str) -> int:
+    """What a node downloads for `local`: the compressed layers and the config of the manifest a
+    push of it to `registry` made."""
+    from builder import publish
+    from builder.engine import client as engine
+
+    pushed = publish.push_tag(c, local, local, registry)
+    repo, _ = engine.split_ref(pushed.tag.removeprefix(registry + "/"))
+    req = urllib.request.Request(f"http://{registry}/v2/{repo}/manifests/{pushed.digest}",
+                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        manifest = json.load(r)
+    return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
+
+
+def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
     from builder import lockfile as lock
     from builder.definitions.load import load_tree
     from builder.engine import client as engine
@@ -45,7 +110,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, int, int]]:
     builder.build(names, jobs=2)
     c = engine.client()
     base = builder.results["container-base"]
-    rows = []
+    sizes: dict[str, tuple[int, int]] = {}  # name -> (ours, plain) on disk
     for name in names:
         apt: list[str] = []
         wheels: list[str] = []
@@ -64,15 +129,35 @@ def run(images: list[str] | None = None) -> list[tuple[str, int, int]]:
             engine_build(c, Path(tmp), plain_dockerfile(base.ref, sorted(set(apt)), sorted(set(wheels))), tag,
                           ROOT / "build" / "logs" / "bench" / f"plain-{name}.log",
                           {"NODEFORGE_CA_BUNDLE": ca} if ca and wheels else None)
-        rows.append((name, builder.results[name].size, engine.inspect(c, tag)["Size"]))
+        sizes[name] = (builder.results[name].size, engine.inspect(c, tag)["Size"])
+    header = ("image", "disk MB", "pull MB", "plain disk", "plain pull", "saved disk", "goal", "NVIDIA (reference)")
+    rows: list[tuple[str, ...]] = [header]
+    with local_registry() as registry:
+        for name in ["container-base", *names]:
+            ours = builder.results[name]
+            plain_tag = f"nodeforge-bench/plain-{name}:latest"
+            pulls = [pull_size(c, registry, ref) if registry else 0
+                     for ref in (ours.tags[0], plain_tag if name in sizes else "")
+                     if ref]
+            disk, plain = sizes.get(name, (ours.size, 0))
+            goal = GOALS.get(name)
+            kind = name.rsplit("-", 1)[-1]
+            rows.append((name, f"{disk / 1e6:.1f}", f"{pulls[0] / 1e6:.1f}" if registry else "n/a",
+                         f"{plain / 1e6:.1f}" if plain else "-",
+                         f"{pulls[1] / 1e6:.1f}" if registry and plain else "-",
+                         f"{100 * (plain - disk) / plain:.1f}%" if plain else "-",
+                         ("-" if goal is None else f"<= {goal / 1e6:.0f} MB "
+                          f"{'met' if disk <= goal else 'MISSED'}"),
+                         NVIDIA.get(kind, "") if name != "container-base" else "debian:bookworm-slim ~75 MB"))
     return rows
 
 
+WIDTHS = (20, 8, 8, 10, 10, 10, 16, 60)
+
+
 def main() -> None:
-    rows = run(sys.argv[1:] or None)
-    print(f"{'image':<20} {'nodeforge':>12} {'plain Dockerfile':>17} {'saved':>8}")
-    for name, ours, plain in rows:
-        print(f"{name:<20} {ours / 1e6:9.0f} MB {plain / 1e6:14.0f} MB {100 * (plain - ours) / plain:7.1f}%")
+    for row in run(sys.argv[1:] or None):
+        print("  ".join(f"{c!s:<{w}}" for c, w in zip(row, WIDTHS, strict=True)))
 
 
 if __name__ == "__main__":
