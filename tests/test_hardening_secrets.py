@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -443,7 +444,8 @@ def test_openssh_servers_host_keys_are_in_no_layer(docker_client: docker.DockerC
         "requires: [base]\npackages:\n  apt: [openssh-server]\n")
     base = (ROOT / "images" / "container-base.yaml").read_text()
     (scratch_tree / "images" / "ssh-test.yaml").write_text(
-        base.replace("name: container-base", "name: ssh-test").replace("  - base\n", "  - base\n  - ssh-test\n")
+        re.sub(r"^  - base\b.*$", "\\g<0>\n  - ssh-test", base.replace("name: container-base", "name: ssh-test"),
+               count=1, flags=re.M)
         .replace("nodeforge/container-base:bookworm", f"nodeforge-test/ssh-test:{os.getpid()}"))
     done = _build(namespaced, "ssh-test", root=scratch_tree)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

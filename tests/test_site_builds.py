@@ -155,7 +155,7 @@ def small_tree(tmp_path: Path) -> Path:
     plain = lockfile.read(tmp_path, "container-base")
     assert plain is not None
     layers = {**plain.layers, "base": {**plain.layers["base"],
-                                       "direct": {**plain.layers["base"]["direct"], "kmod": "0.0-bogus"}}}
+                                       "direct": {**plain.layers["base"]["direct"], "procps": "0.0-bogus"}}}
     lockfile.write(tmp_path, lockfile.Lock(plain.image, plain.base, layers, config="site-a"))
     return tmp_path
 
@@ -168,7 +168,7 @@ def test_check_locks_checks_every_lock_file_of_the_tree(small_tree: Path, docker
     before = {p.name: p.read_bytes() for p in (small_tree / "images").iterdir()}
     drift = check_locks(load_tree(small_tree), Progress(quiet=True))
     assert set(drift) == {"container-base", "container-base@site-a"}  # quiet owns no lock of its own
-    assert any("kmod 0.0-bogus" in line for line in drift["container-base@site-a"])
+    assert any("procps 0.0-bogus" in line for line in drift["container-base@site-a"])
     assert not any("0.0-bogus" in line for line in drift["container-base"])
     assert {p.name: p.read_bytes() for p in (small_tree / "images").iterdir()} == before  # nothing written
 
@@ -186,4 +186,4 @@ def test_lock_check_all_on_the_command_line(small_tree: Path, docker_client: obj
         pytest.skip("`nodeforge lock --check --all` is not wired in the command table yet")
     proc = cli("lock", "--check", "--all")
     assert proc.returncode == 1, proc.stderr
-    assert "container-base@site-a" in proc.stdout and "kmod 0.0-bogus" in proc.stdout
+    assert "container-base@site-a" in proc.stdout and "procps 0.0-bogus" in proc.stdout
