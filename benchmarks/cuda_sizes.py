@@ -13,11 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +28,11 @@ sys.path.insert(0, str(ROOT))
 
 # disk goals (issue: a slim base that keeps apt), in bytes
 GOALS = {"container-base": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6, "cuda-13.0-base": 85e6}
-# NVIDIA's own images, as published (shared/reference/peers-2026.md: sources named there)
-NVIDIA = {"base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
-          "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
-          "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)"}
+# Debian's slim and NVIDIA's own images, as published (shared/reference/peers-2026.md: sources named there)
+REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB",
+             "base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
+             "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
+             "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)"}
 IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
           "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]
 
@@ -53,31 +51,16 @@ def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def local_registry() -> Iterator[str | None]:
-    """A docker-registry on 127.0.0.1 with its storage in a temporary directory (None without one)."""
+def registry_if_installed() -> Iterator[str | None]:
+    """The tests' local registry (tests/support/registry.py) in a temporary directory; None without one."""
     if shutil.which("docker-registry") is None:
         yield None
         return
-    with tempfile.TemporaryDirectory() as d, socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        config = Path(d) / "config.yml"
-        config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {d}/data\n"
-                          f"http:\n  addr: 127.0.0.1:{port}\n")
-        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        try:
-            for _ in range(50):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.2)
-            yield f"127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.registry import local_registry
+
+    with tempfile.TemporaryDirectory() as d, local_registry(Path(d)) as registry:
+        yield registry
 
 
 def pull_size(c: docker.DockerClient, registry: str, local: str) -> int:
@@ -130,25 +113,24 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
                           ROOT / "build" / "logs" / "bench" / f"plain-{name}.log",
                           {"NODEFORGE_CA_BUNDLE": ca} if ca and wheels else None)
         sizes[name] = (builder.results[name].size, engine.inspect(c, tag)["Size"])
-    header = ("image", "disk MB", "pull MB", "plain disk", "plain pull", "saved disk", "goal", "NVIDIA (reference)")
+    header = ("image", "disk MB", "pull MB", "plain disk", "plain pull", "saved disk", "goal", "published (reference)")
     rows: list[tuple[str, ...]] = [header]
-    with local_registry() as registry:
+
+    def mb(size: int | None) -> str:
+        return "-" if size is None else f"{size / 1e6:.1f}"
+
+    with registry_if_installed() as registry:
         for name in ["container-base", *names]:
             ours = builder.results[name]
-            plain_tag = f"nodeforge-bench/plain-{name}:latest"
-            pulls = [pull_size(c, registry, ref) if registry else 0
-                     for ref in (ours.tags[0], plain_tag if name in sizes else "")
-                     if ref]
-            disk, plain = sizes.get(name, (ours.size, 0))
+            disk, plain = sizes.get(name, (ours.size, None))
+            pull = pull_size(c, registry, ours.tags[0]) if registry else None
+            plain_pull = pull_size(c, registry, f"nodeforge-bench/plain-{name}:latest") if registry and plain else None
             goal = GOALS.get(name)
-            kind = name.rsplit("-", 1)[-1]
-            rows.append((name, f"{disk / 1e6:.1f}", f"{pulls[0] / 1e6:.1f}" if registry else "n/a",
-                         f"{plain / 1e6:.1f}" if plain else "-",
-                         f"{pulls[1] / 1e6:.1f}" if registry and plain else "-",
+            kind = name if name == "container-base" else name.rsplit("-", 1)[-1]
+            rows.append((name, mb(disk), mb(pull) if registry else "n/a", mb(plain), mb(plain_pull),
                          f"{100 * (plain - disk) / plain:.1f}%" if plain else "-",
-                         ("-" if goal is None else f"<= {goal / 1e6:.0f} MB "
-                          f"{'met' if disk <= goal else 'MISSED'}"),
-                         NVIDIA.get(kind, "") if name != "container-base" else "debian:bookworm-slim ~75 MB"))
+                         "-" if goal is None else f"<= {goal / 1e6:.0f} MB {'met' if disk <= goal else 'MISSED'}",
+                         REFERENCE.get(kind, "")))
     return rows
 
 

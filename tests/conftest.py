@@ -99,29 +99,13 @@ def cuda_images(docker_client: docker.DockerClient) -> dict[str, BuildResult]:
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real registry (Debian's docker-registry) on 127.0.0.1, filesystem storage in a tmp dir: HOST:PORT."""
-    import socket
-    import time
-    import urllib.request
+    from support.registry import local_registry
 
     if shutil.which("docker-registry") is None:
         pytest.fail("docker-registry is not installed: run `make setup`")
     d = tmp_path_factory.mktemp("registry")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (d / "config.yml").write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {d / 'data'}\n"
-                                  f"http:\n  addr: 127.0.0.1:{port}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(d / "registry.log", "w"))
-    for _ in range(50):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with open(d / "registry.log", "w") as log, local_registry(d, log) as registry:
+        yield registry
 
 
 @pytest.fixture
