@@ -8,6 +8,7 @@ from pathlib import Path
 from builder import debian
 from builder.compose import compose
 from builder.definitions.load import load_tree
+from builder.plan import digest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEB = {"suite": "bookworm", "mirror": "http://deb.debian.org/debian", "components": ["main"],
@@ -43,5 +44,4 @@ def test_slim_false_leaves_the_base_key_of_other_images_alone() -> None:
 
 
 def debian_key(deb: dict[str, object], epoch: int) -> str:
-    from builder.plan import digest
     return digest(debian.recipe(deb, epoch))
