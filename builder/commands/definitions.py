@@ -15,7 +15,6 @@ from ..compose.explain import explain
 from ..compose.image import compose
 from ..definitions.reference import document, layer
 from ..definitions.tables import CONFIG, IMAGE, LAYER, PARAM
-from ..engine.bootstrap import base_ref, recreate_script
 from ..engine.dockerfile import render as render_context
 from ..errors import DefinitionError, NodeforgeError, UsageError
 from .invocation import Invocation
@@ -71,6 +70,8 @@ def plan(inv: Invocation) -> int:
 def render(inv: Invocation) -> int:
     p = compose(inv.tree, inv.image, inv.config, inv.sets)
     if p.base.kind == "debian":
+        from ..engine.bootstrap import base_ref, recreate_script  # here: the engine client only for render
+
         hint, boot = base_ref(p.base), recreate_script(p.base)
     else:
         parent = compose(inv.tree, p.base.image or "", inv.config, inv.sets)
