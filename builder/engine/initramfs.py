@@ -5,7 +5,7 @@ postinst or trigger generates one along the way.
 Its key: the package phase (the kernel, its modules, firmware, initramfs-tools and its hooks, DKMS
 modules all come from packages), the config-phase files under the paths initramfs-tools reads,
 and every layer's config-phase script (a step may write anywhere). A sysctl value or a service file
-leaves the key alone, so the cached initramfs is copied in; a modprobe option changes it.
+leaves the key alone, so the cached initramfs is linked in; a modprobe option changes it.
 
 Generation runs update-initramfs in a throwaway container of the image (with the image's
 SOURCE_DATE_EPOCH, so the archive is the same on every build) and keeps the result under
@@ -116,10 +116,18 @@ def _generate(c: docker.DockerClient, content_ref: str, epoch: int, dest: Path) 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """A hard link (the kept initramfs is never written to: generation replaces its directory)."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
 def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, progress: Progress,
          log_dir: Path, parent: Parent | None = None) -> tuple[str, str, str]:
     """The node image with its initramfs: (ref, content key of the result, what happened: cached (the
-    whole step), reused (the initramfs of the same inputs copied in) or built)."""
+    whole step), reused (the initramfs of the same inputs linked in) or built)."""
     ikey = inputs_key(plan, parent)
     final_key = digest({"content": plan.key, "initramfs": ikey})
     tag = step_ref(final_key)
@@ -132,10 +140,11 @@ def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, 
                 progress.say(plan.image, f"initramfs generating ... (inputs {ikey[:12]} not built before)")
                 _generate(c, content_ref, plan.base.epoch, cache)
                 status = "built"
-            with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
+            # the context beside the cache, the kept files linked in, not copied (a copy where links fail)
+            with tempfile.TemporaryDirectory(prefix=".ctx-", dir=cache.parent) as tmp, cancel.scratch(Path(tmp)):
                 (Path(tmp) / "boot").mkdir()
                 for f in cache.iterdir():
-                    shutil.copyfile(f, Path(tmp) / "boot" / f.name)
+                    _link_or_copy(f, Path(tmp) / "boot" / f.name)
                 dockerfile = (f"FROM {content_ref}\n# the initramfs, generated once after the last layer "
                               f"(inputs {ikey})\nCOPY boot/ /boot/\n"
                               f"RUN [\"/bin/sh\", \"-c\", {json.dumps(_FINISH)}]\n")
