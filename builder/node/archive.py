@@ -126,8 +126,13 @@ def cut(entries: list[Entry]) -> list[list[Entry]]:
     return out
 
 
-def signature(chunk: list[Entry], epoch: str) -> str:
-    h = hashlib.sha256(f"{INDEX_FORMAT}\0{_tar_version()}\0{' '.join(tar_options(epoch))}\0".encode())
+def signature_prefix(epoch: str) -> bytes:
+    """What every chunk's signature starts with: the index format, the tar and its options."""
+    return f"{INDEX_FORMAT}\0{_tar_version()}\0{' '.join(tar_options(epoch))}\0".encode()
+
+
+def signature(chunk: list[Entry], prefix: bytes) -> str:
+    h = hashlib.sha256(prefix)
     for e in chunk:
         h.update(e.signature)
         h.update(b"\n")
@@ -160,9 +165,8 @@ def split_entries(data: bytes) -> Iterator[bytes]:
 
 def tar_chunk(rootfs: Path, chunk: list[Entry], epoch: str) -> bytes:
     """The bytes one tar run over the whole tree writes for these entries."""
-    before = list(dict.fromkeys(e.link_to for e in chunk if e.link_to is not None))
     inside = {e.name for e in chunk}
-    before = [n for n in before if n not in inside]
+    before = list(dict.fromkeys(e.link_to for e in chunk if e.link_to is not None and e.link_to not in inside))
     names = [*before, *(e.name for e in chunk)]
     p = subprocess.run(["tar", "-C", str(rootfs), *tar_options(epoch), "-cf", "-", "--null",
                         "--verbatim-files-from", "--no-recursion", "-T", "-"],
@@ -264,7 +268,7 @@ def root_archive(rootfs: Path, dest: Path, epoch: str, cache: ChunkCache, image:
     """Write the root archive to dest; (its sha256, how many chunks were taken unread)."""
     started = time.time()
     chunks = cut(walk(rootfs))
-    known = cache.known(image)
+    known, prefix = cache.known(image), signature_prefix(epoch)
     h = hashlib.sha256()
     keys: list[str] = []
     signatures: dict[str, list[object]] = {}
@@ -285,7 +289,7 @@ def root_archive(rootfs: Path, dest: Path, epoch: str, cache: ChunkCache, image:
                 out.write(made.member)
 
         for chunk in chunks:
-            sig = signature(chunk, epoch)
+            sig = signature(chunk, prefix)
             settled = all(e.changed < started - RACY_S for e in chunk)
             pending.append((sig, settled, pool.submit(_make, cache, rootfs, chunk, epoch, known.get(sig))))
             drain(3)  # a few chunks in flight: memory stays bounded
