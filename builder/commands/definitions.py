@@ -13,6 +13,8 @@ from ..compose import image
 from ..compose.compat import driver_warning
 from ..compose.explain import explain
 from ..compose.image import compose
+from ..compose.variants import matrix as variants_document
+from ..compose.variants import variants
 from ..definitions.reference import document, layer
 from ..definitions.tables import CONFIG, IMAGE, LAYER, PARAM
 from ..engine.dockerfile import render as render_context
@@ -64,6 +66,12 @@ def plan(inv: Invocation) -> int:
         print(json.dumps(p.to_json(), indent=2, default=str))
     else:
         print(explain(p, provenance=inv.args.explain))
+    return 0
+
+
+def matrix(inv: Invocation) -> int:
+    found = variants(inv.tree, inv.images, inv.args.configs, inv.sets)
+    print(json.dumps(variants_document(found), indent=2))
     return 0
 
 

@@ -103,6 +103,15 @@ COMMANDS: tuple[Command, ...] = (
                                   *COMPOSED, QUIET), frozenset({TREE, ENGINE}),
             doc="the locked packages, wheels and bases of images into DIR with a checksum index, for "
             "`build --offline`"),
+    Command("matrix", "the variants of images × configs as JSON, deduplicated, with the step keys they share",
+            "definitions", _R + "definitions:matrix", (
+                IMAGES, arg("--config", "-c", dest="configs", action="append", metavar="CONFIG",
+                            synopsis="[-c CONFIG...]", help="a config to build each image with (repeatable; "
+                            "default: no config and every config of the tree)"), SET),
+            frozenset({TREE}), doc="the variants of IMAGE... with each -c CONFIG (default: no config and every "
+            "config of the tree) as JSON for a CI matrix or a job array: image, config, sets, plan key, tags and "
+            "the build command of each, deduplicated by plan key and tags (a config that leaves the image as it "
+            "is folds into `same_as`), and the step keys more than one variant builds"),
     Command("lock", "resolve every package to an exact version into images/<name>.lock", "build", _R + "build:lock",
             (arg("image", nargs="?", default=None, synopsis="IMAGE | --all"), *COMPOSED,
              arg("--all", action="store_true", synopsis="", help="every image with no config and with each config "

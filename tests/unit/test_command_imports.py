@@ -1,4 +1,4 @@
-"""A command imports what it needs: the definition commands (validate, plan, schema) never load the
+"""A command imports what it needs: the definition commands (validate, plan, schema, matrix) never load the
 Docker SDK (and with it requests and urllib3), which is most of a command's start-up."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def _loaded(*argv: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("argv", [("validate",), ("plan", "images/node-minimal.yaml"),
-                                  ("plan", "images/gpu-node.yaml", "--explain"), ("schema",)])
+                                  ("plan", "images/gpu-node.yaml", "--explain"), ("schema",),
+                                  ("matrix", "images/gpu-node.yaml", "cuda-13.0-runtime")])
 def test_a_definition_command_does_not_load_the_engine_client(argv: tuple[str, ...]) -> None:
     out = _loaded(*argv)
     assert out["rc"] == 0 and out["loaded"] == [], f"nodeforge {' '.join(argv)} loaded {out['loaded']}"
