@@ -38,7 +38,7 @@ class Variant:
         p = self.plan
         return {"name": self.name, "image": p.image, "config": p.config, "sets": list(p.sets), "key": p.key,
                 "tags": list(p.tags), "command": p.build_command, "steps": len(self.steps),
-                "same_as": [c or "" for c in self.same_as]}
+                "same_as": list(self.same_as)}
 
 
 def chain(tree: Tree, plan: BuildPlan, config: str | None, sets: Overrides, memo: Memo) -> list[BuildPlan]:
