@@ -34,7 +34,8 @@ REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB",
              "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
              "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)"}
 IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
-          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]
+          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel",
+          "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl"]
 
 
 def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
@@ -126,7 +127,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
             pull = pull_size(c, registry, ours.tags[0]) if registry else None
             plain_pull = pull_size(c, registry, f"nodeforge-bench/plain-{name}:latest") if registry and plain else None
             goal = GOALS.get(name)
-            kind = name if name == "container-base" else name.rsplit("-", 1)[-1]
+            kind = name if name == "container-base" else name.split("-")[2]  # cuda-13.0-runtime-nccl: runtime
             rows.append((name, mb(disk), mb(pull) if registry else "n/a", mb(plain), mb(plain_pull),
                          f"{100 * (plain - disk) / plain:.1f}%" if plain else "-",
                          "-" if goal is None else f"<= {goal / 1e6:.0f} MB {'met' if disk <= goal else 'MISSED'}",
@@ -134,7 +135,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
     return rows
 
 
-WIDTHS = (20, 8, 8, 10, 10, 10, 16, 60)
+WIDTHS = (24, 8, 8, 10, 10, 10, 16, 60)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import docker
@@ -24,8 +25,12 @@ from builder.verify import run as verify
 Images = dict[str, BuildResult]
 Client = docker.DockerClient
 
+# cudart plus one library family, beside the full runtime: (image, family, -D of the library check, -l)
+PER_LIBRARY = [("cuda-13.0-runtime-cublas", "cuBLAS", "CHECK_CUBLAS", "cublas"),
+               ("cuda-13.0-runtime-cufft", "cuFFT", "CHECK_CUFFT", "cufft"),
+               ("cuda-13.0-runtime-nccl", "NCCL", "CHECK_NCCL", "nccl")]
 CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
-         "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel"]
+         "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY)]
 TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
         "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
@@ -33,7 +38,10 @@ TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-12.9-runtime": "nodeforge/cuda:12.9.1-runtime-debian12",
         "cuda-13.0-base": "nodeforge/cuda:13.0.2-base-debian12",
         "cuda-13.0-runtime": "nodeforge/cuda:13.0.2-runtime-debian12",
-        "cuda-13.0-devel": "nodeforge/cuda:13.0.2-devel-debian12"}
+        "cuda-13.0-devel": "nodeforge/cuda:13.0.2-devel-debian12",
+        "cuda-13.0-runtime-cublas": "nodeforge/cuda:13.0.2-runtime-cublas-debian12",
+        "cuda-13.0-runtime-cufft": "nodeforge/cuda:13.0.2-runtime-cufft-debian12",
+        "cuda-13.0-runtime-nccl": "nodeforge/cuda:13.0.2-runtime-nccl-debian12"}
 
 
 @pytest.mark.parametrize("image", CHAIN)
@@ -130,26 +138,22 @@ def test_chain_builds_from_each_other(cuda_images: Images) -> None:
     assert base_of == {"nodeforge/container-base:bookworm"}  # one bootstrapped base, shared
 
 
-def _compile(c: docker.DockerClient, devel: str, source_flags: str) -> bytes:
-    box = c.containers.create(devel, ["-c", f"cd /tmp && nvcc {source_flags} -cudart shared -o cuda-check "
-                                      "/usr/local/share/nodeforge/cuda-check.cu"], entrypoint=["/bin/sh"],
+def _compile(c: docker.DockerClient, devel: str, source_flags: str, program: str = "cuda-check",
+             libraries: str = "") -> bytes:
+    box = c.containers.create(devel, ["-c", f"cd /tmp && nvcc {source_flags} -cudart shared -o {program} "
+                                      f"/usr/local/share/nodeforge/{program}.cu {libraries}"], entrypoint=["/bin/sh"],
                               labels={SESSION_LABEL: "cuda-compile"})
     try:
         box.start()
         assert box.wait(timeout=600)["StatusCode"] == 0, box.logs().decode(errors="replace")
-        stream, _ = box.get_archive("/tmp/cuda-check")
+        stream, _ = box.get_archive(f"/tmp/{program}")
         return b"".join(stream)
     finally:
         box.remove(force=True)
 
 
-@pytest.mark.parametrize("devel,runtime,flags", [("cuda-11.8-devel", "cuda-11.8-runtime", "-ccbin g++-11"),
-                                                 ("cuda-13.0-devel", "cuda-13.0-runtime", "")])
-def test_runtime_runs_the_program_devel_compiled(cuda_images: Images, docker_client: Client, devel: str, runtime: str,
-                                                 flags: str) -> None:
-    archive = _compile(docker_client, cuda_images[devel].ref, flags)
-    box = docker_client.containers.create(cuda_images[runtime].ref, ["/tmp/cuda-check"],
-                                          labels={SESSION_LABEL: "cuda-run"})
+def _run_program(c: docker.DockerClient, image: str, archive: bytes, program: str) -> tuple[int, str, str]:
+    box = c.containers.create(image, [f"/tmp/{program}"], labels={SESSION_LABEL: "cuda-run"})
     try:
         box.put_archive("/tmp", archive)
         box.start()
@@ -158,10 +162,50 @@ def test_runtime_runs_the_program_devel_compiled(cuda_images: Images, docker_cli
         err = box.logs(stdout=False, stderr=True).decode(errors="replace")
     finally:
         box.remove(force=True)
+    return code, out, err
+
+
+@pytest.mark.parametrize("devel,runtime,flags", [("cuda-11.8-devel", "cuda-11.8-runtime", "-ccbin g++-11"),
+                                                 ("cuda-13.0-devel", "cuda-13.0-runtime", "")])
+def test_runtime_runs_the_program_devel_compiled(cuda_images: Images, docker_client: Client, devel: str, runtime: str,
+                                                 flags: str) -> None:
+    archive = _compile(docker_client, cuda_images[devel].ref, flags)
+    code, out, err = _run_program(docker_client, cuda_images[runtime].ref, archive, "cuda-check")
     # no GPU here: the runtime loads and reports why there is no device, by its number
     assert code in (100, 35), out + err
     assert f"({code})" in out and ("cudaErrorNoDevice" in out or "cudaErrorInsufficientDriver" in out)
     assert "The NVIDIA Driver was not detected" in err  # through the image's own entrypoint
+
+
+@pytest.mark.parametrize("image,family,define,library", PER_LIBRARY)
+def test_per_library_runtime_runs_the_library_check_devel_compiled(cuda_images: Images, docker_client: Client,
+                                                                   image: str, family: str, define: str,
+                                                                   library: str) -> None:
+    archive = _compile(docker_client, cuda_images["cuda-13.0-devel"].ref, f"-D{define}", "cuda-library-check",
+                       f"-l{library}")
+    code, out, err = _run_program(docker_client, cuda_images[image].ref, archive, "cuda-library-check")
+    # the library loads and answers (its version needs no device), then cudart reports why there is no GPU
+    full = cuda_images["cuda-13.0-runtime"].plan.packages
+    version = full[f"pip:nvidia-{library}-cu13" if library == "nccl" else f"pip:nvidia-{library}"].value
+    assert re.search(rf"^{family} {re.escape('.'.join(version.split('.')[:3]))}$", out, re.M), (version, out)
+    assert code in (100, 35) and f"({code})" in out, out + err
+    assert "The NVIDIA Driver was not detected" in err
+
+
+def test_per_library_runtimes_are_a_fraction_of_the_full_one(cuda_images: Images, docker_client: Client) -> None:
+    full = cuda_images["cuda-13.0-runtime"]
+    base = cuda_images["cuda-13.0-base"]
+    sizes = {image: cuda_images[image].size for image, *_ in PER_LIBRARY}
+    assert all(base.size < size < full.size for size in sizes.values()), sizes
+    # cuBLAS is most of the full runtime; cuFFT and NCCL images are well under half of it
+    assert sizes["cuda-13.0-runtime-cufft"] < full.size / 2 and sizes["cuda-13.0-runtime-nccl"] < full.size / 2
+    # the chain's conventions are the full runtime's: env (NVIDIA_REQUIRE_CUDA too) and entrypoint
+    for image, *_ in PER_LIBRARY:
+        plan = cuda_images[image].plan
+        assert {k: v.value for k, v in plan.env.items()} == {k: v.value for k, v in full.plan.env.items()}
+        config = docker_client.images.get(cuda_images[image].ref).attrs["Config"]
+        assert config["Entrypoint"] == docker_client.images.get(full.ref).attrs["Config"]["Entrypoint"]
+        assert cuda_images[image].labels["org.opencontainers.image.base.name"] == TAGS["cuda-13.0-base"]
 
 
 @pytest.mark.parametrize("image", ["cuda-11.8-runtime", "cuda-12.9-runtime", "cuda-13.0-devel"])
