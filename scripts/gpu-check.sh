@@ -9,7 +9,7 @@
 #    health check (JSON, no drain) and the topology probe;
 # 2. compile nodeforge's CUDA check program in each devel image, run it in the matching runtime
 #    image against the real driver through the image's own entrypoint, then run the images'
-#    GPU-only tests. Nothing heavy is built here: the images come from the local engine or, with
+#    GPU-only tests, and the library check in each per-library runtime image. Nothing heavy is built here: the images come from the local engine or, with
 #    REGISTRY=host:port, are pulled from where CI pushed them.
 #   scripts/gpu-check.sh [CUDA_VERSION...]     default: 11.8.0 13.0.2
 set -uo pipefail
@@ -132,6 +132,19 @@ for v in "${versions[@]}"; do
   for flavor in runtime devel; do
     name=cuda-${v%.*}-$flavor
     NODEFORGE_GPU=1 "$NF" test "images/$name.yaml" --report build/reports/gpu || failed=1
+  done
+  # the per-library runtimes of this version (images/cuda-X.Y-runtime-LIB.yaml): the library check
+  # with that one family, compiled in devel, computes and checks its result in the image
+  for lib in cublas cufft nccl; do
+    [[ -f images/cuda-${v%.*}-runtime-$lib.yaml ]] || continue
+    per=$(image "$v-runtime-$lib-debian12") || { failed=1; continue; }
+    define=CHECK_${lib^^}
+    if ! docker run --rm -v "$work:/out" --entrypoint /bin/sh "$devel" -c "nvcc -D$define -cudart shared \
+        -o /out/cuda-library-check-$lib /usr/local/share/nodeforge/cuda-library-check.cu -l$lib"; then
+      echo "FAIL CUDA $v $lib: nvcc failed"; failed=1; continue
+    fi
+    step "CUDA $v: $lib computes and checks in $per" \
+      docker run --rm --gpus all -v "$work:/out:ro" "$per" "/out/cuda-library-check-$lib"
   done
 done
 ((failed)) && { echo "gpu-check: FAILED"; exit 1; }
