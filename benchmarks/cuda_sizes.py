@@ -32,10 +32,13 @@ GOALS = {"container-base": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6,
 REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB",
              "base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
              "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
-             "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)"}
+             "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)",
+             "cudnn-runtime": "nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04 3.38 GB disk (third-party listing)",
+             "cudnn-devel": "nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04 12.9 GB disk (nvidia-container-toolkit#854)"}
 IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
           "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel",
-          "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl"]
+          "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl",
+          "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel"]
 
 
 def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
@@ -127,7 +130,8 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
             pull = pull_size(c, registry, ours.tags[0]) if registry else None
             plain_pull = pull_size(c, registry, f"nodeforge-bench/plain-{name}:latest") if registry and plain else None
             goal = GOALS.get(name)
-            kind = name if name == "container-base" else name.split("-")[2]  # cuda-13.0-runtime-nccl: runtime
+            parts = name.split("-")  # cuda-13.0-runtime-nccl: runtime; cuda-13.0-cudnn-devel: cudnn-devel
+            kind = name if name == "container-base" else "-".join(parts[2:4]) if parts[2] == "cudnn" else parts[2]
             rows.append((name, mb(disk), mb(pull) if registry else "n/a", mb(plain), mb(plain_pull),
                          f"{100 * (plain - disk) / plain:.1f}%" if plain else "-",
                          "-" if goal is None else f"<= {goal / 1e6:.0f} MB {'met' if disk <= goal else 'MISSED'}",

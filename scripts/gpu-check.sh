@@ -9,7 +9,8 @@
 #    health check (JSON, no drain) and the topology probe;
 # 2. compile nodeforge's CUDA check program in each devel image, run it in the matching runtime
 #    image against the real driver through the image's own entrypoint, then run the images'
-#    GPU-only tests, and the library check in each per-library runtime image. Nothing heavy is built here: the images come from the local engine or, with
+#    GPU-only tests, the library check in each per-library runtime image and the cuDNN check in
+#    the cuDNN runtime image. Nothing heavy is built here: the images come from the local engine or, with
 #    REGISTRY=host:port, are pulled from where CI pushed them.
 #   scripts/gpu-check.sh [CUDA_VERSION...]     default: 11.8.0 13.0.2
 set -uo pipefail
@@ -146,6 +147,17 @@ for v in "${versions[@]}"; do
     step "CUDA $v: $lib computes and checks in $per" \
       docker run --rm --gpus all -v "$work:/out:ro" "$per" "/out/cuda-library-check-$lib"
   done
+  # cuDNN: the check compiled in the cuDNN devel image runs a ReLU in the cuDNN runtime image
+  if [[ -f images/cuda-${v%.*}-cudnn-devel.yaml ]]; then
+    if cudnn_devel=$(image "$v-cudnn-devel-debian12") && cudnn=$(image "$v-cudnn-runtime-debian12") \
+        && docker run --rm -v "$work:/out" --entrypoint /bin/sh "$cudnn_devel" -c \
+          "nvcc -cudart shared -o /out/cudnn-check-$v /usr/local/share/nodeforge/cudnn-check.cu -lcudnn"; then
+      step "CUDA $v: cuDNN computes and checks in $cudnn" \
+        docker run --rm --gpus all -v "$work:/out:ro" "$cudnn" "/out/cudnn-check-$v"
+    else
+      echo "FAIL CUDA $v: cuDNN images missing or nvcc failed"; failed=1
+    fi
+  fi
 done
 ((failed)) && { echo "gpu-check: FAILED"; exit 1; }
 echo "gpu-check: all passed"

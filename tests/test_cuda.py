@@ -30,7 +30,8 @@ PER_LIBRARY = [("cuda-13.0-runtime-cublas", "cuBLAS", "CHECK_CUBLAS", "cublas"),
                ("cuda-13.0-runtime-cufft", "cuFFT", "CHECK_CUFFT", "cufft"),
                ("cuda-13.0-runtime-nccl", "NCCL", "CHECK_NCCL", "nccl")]
 CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
-         "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY)]
+         "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY),
+         "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel"]
 TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
         "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
@@ -41,7 +42,10 @@ TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-13.0-devel": "nodeforge/cuda:13.0.2-devel-debian12",
         "cuda-13.0-runtime-cublas": "nodeforge/cuda:13.0.2-runtime-cublas-debian12",
         "cuda-13.0-runtime-cufft": "nodeforge/cuda:13.0.2-runtime-cufft-debian12",
-        "cuda-13.0-runtime-nccl": "nodeforge/cuda:13.0.2-runtime-nccl-debian12"}
+        "cuda-13.0-runtime-nccl": "nodeforge/cuda:13.0.2-runtime-nccl-debian12",
+        "cuda-12.9-cudnn-runtime": "nodeforge/cuda:12.9.1-cudnn-runtime-debian12",
+        "cuda-13.0-cudnn-runtime": "nodeforge/cuda:13.0.2-cudnn-runtime-debian12",
+        "cuda-13.0-cudnn-devel": "nodeforge/cuda:13.0.2-cudnn-devel-debian12"}
 
 
 @pytest.mark.parametrize("image", CHAIN)
@@ -129,7 +133,9 @@ def test_non_root_default_user(cuda_images: Images, docker_client: Client) -> No
 
 def test_chain_builds_from_each_other(cuda_images: Images) -> None:
     for child, parent in (("cuda-11.8-runtime", "cuda-11.8-base"), ("cuda-11.8-devel", "cuda-11.8-runtime"),
-                          ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime")):
+                          ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime"),
+                          ("cuda-13.0-cudnn-runtime", "cuda-13.0-runtime"),
+                          ("cuda-13.0-cudnn-devel", "cuda-13.0-cudnn-runtime")):
         labels = cuda_images[child].labels
         assert labels["org.opencontainers.image.base.name"] == TAGS[parent]
         assert labels["org.opencontainers.image.base.digest"] == cuda_images[parent].id
@@ -192,6 +198,21 @@ def test_per_library_runtime_runs_the_library_check_devel_compiled(cuda_images: 
     assert "The NVIDIA Driver was not detected" in err
 
 
+def test_cudnn_runtime_runs_the_check_cudnn_devel_compiled(cuda_images: Images, docker_client: Client) -> None:
+    archive = _compile(docker_client, cuda_images["cuda-13.0-cudnn-devel"].ref, "", "cudnn-check", "-lcudnn")
+    runtime = cuda_images["cuda-13.0-cudnn-runtime"]
+    code, out, err = _run_program(docker_client, runtime.ref, archive, "cudnn-check")
+    version = runtime.plan.packages["pip:nvidia-cudnn-cu13"].value  # the locked wheel is the one loaded
+    assert re.search(rf"^cuDNN {re.escape('.'.join(version.split('.')[:3]))} \(built against cudart 13\.", out,
+                     re.M), (version, out)
+    assert code in (100, 35) and f"({code})" in out, out + err
+    assert "The NVIDIA Driver was not detected" in err
+    # NVIDIA's conventions: NV_CUDNN_VERSION and the label name the wheel's exact version
+    config = docker_client.images.get(runtime.ref).attrs["Config"]
+    assert f"NV_CUDNN_VERSION={version}" in config["Env"]
+    assert config["Labels"]["com.nvidia.cudnn.version"] == version
+
+
 def test_per_library_runtimes_are_a_fraction_of_the_full_one(cuda_images: Images, docker_client: Client) -> None:
     full = cuda_images["cuda-13.0-runtime"]
     base = cuda_images["cuda-13.0-base"]
@@ -208,7 +229,8 @@ def test_per_library_runtimes_are_a_fraction_of_the_full_one(cuda_images: Images
         assert cuda_images[image].labels["org.opencontainers.image.base.name"] == TAGS["cuda-13.0-base"]
 
 
-@pytest.mark.parametrize("image", ["cuda-11.8-runtime", "cuda-12.9-runtime", "cuda-13.0-devel"])
+@pytest.mark.parametrize("image", ["cuda-11.8-runtime", "cuda-12.9-runtime", "cuda-13.0-devel",
+                                   "cuda-12.9-cudnn-runtime"])
 def test_sbom_matches_the_package_databases(cuda_images: Images, docker_client: Client, root: Path,
                                             image: str) -> None:
     result = cuda_images[image]
