@@ -88,6 +88,7 @@ class LayerStep:
     entrypoint: tuple[str, ...] | None = None  # ENTRYPOINT set by this layer
     install: str = ""  # package-phase lines after the apt install: wheels, holds, package-phase steps
     host_sources: tuple[HostSource, ...] = ()  # build-host directories its config step sees
+    cut: str | None = None  # the image becomes this directory alone on an empty base (layer key `cut`)
 
 
 @dataclass(frozen=True)

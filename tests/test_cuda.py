@@ -31,7 +31,7 @@ PER_LIBRARY = [("cuda-13.0-runtime-cublas", "cuBLAS", "CHECK_CUBLAS", "cublas"),
                ("cuda-13.0-runtime-nccl", "NCCL", "CHECK_NCCL", "nccl")]
 CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY),
-         "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel"]
+         "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless"]
 TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
         "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
@@ -45,7 +45,8 @@ TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-13.0-runtime-nccl": "nodeforge/cuda:13.0.2-runtime-nccl-debian12",
         "cuda-12.9-cudnn-runtime": "nodeforge/cuda:12.9.1-cudnn-runtime-debian12",
         "cuda-13.0-cudnn-runtime": "nodeforge/cuda:13.0.2-cudnn-runtime-debian12",
-        "cuda-13.0-cudnn-devel": "nodeforge/cuda:13.0.2-cudnn-devel-debian12"}
+        "cuda-13.0-cudnn-devel": "nodeforge/cuda:13.0.2-cudnn-devel-debian12",
+        "cuda-13.0-base-distroless": "nodeforge/cuda:13.0.2-base-distroless-debian12"}
 
 
 @pytest.mark.parametrize("image", CHAIN)
@@ -211,6 +212,36 @@ def test_cudnn_runtime_runs_the_check_cudnn_devel_compiled(cuda_images: Images, 
     config = docker_client.images.get(runtime.ref).attrs["Config"]
     assert f"NV_CUDNN_VERSION={version}" in config["Env"]
     assert config["Labels"]["com.nvidia.cudnn.version"] == version
+
+
+def test_distroless_base_runs_the_check_program_as_its_entrypoint(cuda_images: Images, docker_client: Client,
+                                                                 root: Path) -> None:
+    distroless = cuda_images["cuda-13.0-base-distroless"]
+    assert distroless.size <= 40e6, distroless.size  # the goal; NVIDIA's 12.x base: 237 MB
+    config = docker_client.images.get(distroless.ref).attrs["Config"]
+    assert config["User"] == "nonroot" and not config["Entrypoint"]
+    # no shell to run anything with
+    with pytest.raises(docker.errors.APIError, match="/bin/sh"):
+        docker_client.containers.run(distroless.ref, ["/bin/sh", "-c", "true"], remove=True)
+    # the program the devel image compiled, as the entrypoint, as the non-root user
+    archive = _compile(docker_client, cuda_images["cuda-13.0-devel"].ref, "")
+    box = docker_client.containers.create(distroless.ref, [], entrypoint=["/tmp/cuda-check"],
+                                          labels={SESSION_LABEL: "cuda-run"})
+    try:
+        box.put_archive("/tmp", archive)
+        box.start()
+        code = box.wait(timeout=120)["StatusCode"]
+        out = box.logs().decode(errors="replace")
+    finally:
+        box.remove(force=True)
+    assert code in (100, 35) and f"({code})" in out and "cudart 13.0" in out, out
+    # the SBOM lists what is there: the kept packages and the cudart wheel, nothing that was cut away
+    doc = json.loads(sbom.path_for(root, "cuda-13.0-base-distroless").read_bytes())
+    names = {p["name"] for p in doc["packages"]}
+    assert {"libc6", "libstdc++6", "ca-certificates", "tzdata", "nvidia-cuda-runtime"} <= names
+    assert not names & {"dpkg", "apt", "bash", "coreutils", "perl-base", "procps"}
+    full = sbom.counts(json.loads(sbom.path_for(root, "cuda-13.0-base").read_bytes()))
+    assert sbom.counts(doc)["deb"] < full["deb"] and sbom.counts(doc)["pypi"] == full["pypi"]
 
 
 def test_per_library_runtimes_are_a_fraction_of_the_full_one(cuda_images: Images, docker_client: Client) -> None:

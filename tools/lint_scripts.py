@@ -69,8 +69,10 @@ def probe_plan(tree: Tree, layer: str, kind: str) -> tuple[BuildPlan, str]:
     if base is None:
         raise LookupError(f"no image of kind {kind} built on Debian to borrow a base from")
     name = f"lint-{layer}-{kind}"
-    image = dataclasses.replace(base, name=name, data={**base.data, "layers": [layer]},
-                                layer_refs=((layer, {}, None),))
+    data = {**base.data, "layers": [layer]}
+    if tree.layers[layer].data.get("cut") is not None:  # a cut image is made from a full one (compose.cut)
+        data["from"] = {"image": base.name}
+    image = dataclasses.replace(base, name=name, data=data, layer_refs=((layer, {}, None),))
     probe = dataclasses.replace(tree, images={**tree.images, name: image})
     first: DefinitionError | None = None
     for config in (None, *sorted(tree.configs)):

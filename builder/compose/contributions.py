@@ -147,6 +147,7 @@ KINDS: tuple[Kind, ...] = (
          diff=Diffed("packages", r"var/lib/dpkg/status$", _packages_of), inherit=_inherit_map),
     Kind("packages.hold", "packages kept at their locked version (apt-mark hold)", h.read_holds),
     Kind("entrypoint", "the image's ENTRYPOINT", h.read_entrypoint),
+    Kind("cut", "a final image cut from the full one: the directory the layer assembles, alone", h.read_cut),
 )
 
 for _kind in KINDS:

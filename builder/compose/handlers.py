@@ -303,6 +303,10 @@ def read_holds(s: LayerScope) -> None:
     s.carry["holds"] = holds
 
 
+def read_cut(s: LayerScope) -> None:
+    s.carry["cut"] = s.data.get("cut")
+
+
 def read_entrypoint(s: LayerScope) -> None:
     raw = s.data.get("entrypoint")
     rendered = s.render(raw, "entrypoint") if raw is not None else None

@@ -15,7 +15,7 @@ from ..definitions.load import Config, Image, Layer, Tree
 from ..definitions.tables import UNJUDGED
 from ..errors import Collector, DefinitionError
 from ..plan import PLAN_FORMAT, Base, BuildPlan, LayerStep, Test, Value, digest
-from . import contributions, host_sources, phases
+from . import contributions, cut, host_sources, phases
 from .apply import apply_script, install_lines
 from .graph import resolve
 from .params import Overrides, Setting, check_sets_used, format_sets, resolve_params, where_set
@@ -120,7 +120,7 @@ def layer_step(s: LayerScope) -> tuple[LayerStep | None, dict[str, Any], list[Te
                                     "locked": c["locked_wheels"]}
     step = LayerStep(s.name, s.data["summary"], "", tuple(s.files), apply, tuple(c["env"]),
                      tuple(c["pinned"]), c["locked"], tuple(c["wheels"]),
-                     tuple(c["entrypoint"]) if c["entrypoint"] is not None else None, install)
+                     tuple(c["entrypoint"]) if c["entrypoint"] is not None else None, install, cut=c["cut"])
     return step, package_inputs, tests
 
 
@@ -293,6 +293,7 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
              _stack: tuple[str, ...], memo: Memo | None, locked: lockfile.Lock | None, locks: Locks) -> BuildPlan:
     config, out = tree.config(config_ref), Collector()
     parent = _parent_plan(tree, image, config_ref, sets, _stack, out, memo, locks)
+    cut.check_parent(image, parent, out)
     base = _base(image, out, parent)
     inherited, order, settings = _layers(tree, image, config, parent, out, sets or [])
     merged = Merged(out)
@@ -312,10 +313,15 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
         if step is not None:
             unkeyed.append((dataclasses.replace(step, host_sources=sources), package_inputs))
             tests.extend(layer_tests)
+    image_tests = _image_level(tree, image, ictx, merged, out)
+    unkeyed = cut.with_environment(image, unkeyed, contributions.kind("env").plan_value(merged), out)
     install, steps = phases.assign_keys(base.key, unkeyed, image.data["kind"] == "node")
     if image.data["kind"] == "node":
         tests += derived_boot_tests(merged, tests)
-    tests += _image_level(tree, image, ictx, merged, out)
+    tests += image_tests
+    cutting = any(s.cut is not None for s in steps)
+    if cutting:  # its tests are its own: the full image's ran on the image it is cut from
+        cut.check_tests(image, tests, out)
     if not out.problems:  # what the build would reject later, said now
         check_prebuild(image, merged, locked, parent, out)
     out.raise_if_any()
@@ -325,6 +331,7 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
         format=PLAN_FORMAT, image=image.name, kind=image.data["kind"], version=image.data["version"],
         summary=image.data["summary"], config=config.name if config else None, base=base, steps=tuple(steps),
         tags=tags, params={**parent.params, **params} if parent else params,
-        tests=(*parent.tests, *tests) if parent else tuple(tests), outputs=dict(image.data["outputs"]),
+        tests=(*parent.tests, *tests) if parent and not cutting else tuple(tests),
+        outputs=dict(image.data["outputs"]),
         inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []), install=install,
         **contributions.plan_fields(merged))

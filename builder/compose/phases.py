@@ -112,6 +112,8 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
                   "files": _file_entries(s, "config")}
         if s.entrypoint is not None:
             inputs["entrypoint"] = list(s.entrypoint)
+        if s.cut is not None:  # the image's whole environment is written again on the empty base
+            inputs["cut"] = [s.cut, *(f"{k}={v}" for k, v in s.env)]
         if s.host_sources:  # what the source holds (its list's sha256), never where the build host keeps it
             inputs["host_sources"] = [[h.param, h.sums_sha256, h.mount] for h in s.host_sources]
         s = dataclasses.replace(s, key=digest(inputs))

@@ -209,6 +209,11 @@ LAYER = Struct({
     "labels": Field(MapOf(LABEL_KEY, Scalar()), "image labels", default={}),
     "entrypoint": Field(ListOf(g.LINE_TEMPLATE), "the image's ENTRYPOINT (exec form; templates allowed); kept by "
                         "images built on this one", default=None),
+    "cut": Field(ABS_PATH, "a final image cut from the full one (container images): after this layer's steps the "
+                 "image is this directory alone on an empty base (FROM scratch), with the image's environment "
+                 "and no tool that built it; the layer's steps assemble the directory. The layer is the image's "
+                 "only one, its tests are the image's (the full image's ran on the image it is cut from), and "
+                 "no image builds on it", default=None),
     "users": Field(ListOf(Struct({
         "name": Field(g.USER, "user name", required=True),
         "uid": Field(Int(0, 65533), "uid (0 is root's alone)", default=None),

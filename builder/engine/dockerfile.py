@@ -20,6 +20,7 @@ from ..plan import BuildPlan, ContextFile, LayerStep
 RENDER_MARKER = ".nodeforge-render"
 
 APPLY_DIR = "/usr/lib/nodeforge/layers"
+FULL_STAGE = "nodeforge-full"  # the stage a cut step copies from (compose.cut)
 
 
 def _files(step: LayerStep) -> list[ContextFile]:
@@ -42,6 +43,9 @@ def fragment(step: LayerStep, prefix: str, epoch: int | None = None) -> str:
         # history; nodeforge runs a step with wheels as a container instead (engine.offline, engine.trust)
         env = ["/usr/bin/env", f"SOURCE_DATE_EPOCH={epoch}"] if epoch is not None else []
         lines.append(f"RUN {dockerfile_json([*env, '/bin/bash', f'{APPLY_DIR}/{step.layer}.sh'])}")
+    if step.cut is not None:  # compose.cut: the directory the layer assembled, alone, with the whole env
+        lines += [f"# cut: the image is {dockerfile_comment(step.cut).removeprefix('# ')} alone on an empty base",
+                  "FROM scratch", f"COPY --from={FULL_STAGE} {dockerfile_json([step.cut.rstrip('/') + '/', '/'])}"]
     if step.env:
         # single-quoted words: the Dockerfile lexer expands no $ in them
         lines.append("ENV " + " \\\n    ".join(f"{dockerfile_word(k)}={dockerfile_word(v)}" for k, v in step.env))
@@ -83,7 +87,8 @@ def write_context(step: LayerStep, dest: Path, whole: bool = False) -> None:
 
 
 def step_dockerfile(step: LayerStep, parent_ref: str, epoch: int | None = None) -> str:
-    return f"FROM {parent_ref}\n" + fragment(step, ".", epoch)
+    stage = f" AS {FULL_STAGE}" if step.cut is not None else ""
+    return f"FROM {parent_ref}{stage}\n" + fragment(step, ".", epoch)
 
 
 def render(plan: BuildPlan, dest: Path, base_hint: str, bootstrap: str, labels: dict[str, str],
@@ -113,7 +118,8 @@ def _write_render(plan: BuildPlan, tmp: Path, name: str, base_hint: str, bootstr
     parts = [dockerfile_comment(f"nodeforge image {plan.image}: {plan.summary}"),
              f"# Build: docker build --build-arg BASE=<base image> {name}",
              f"# The base is {base_hint}" + (" (recreate it with ./bootstrap.sh)" if bootstrap else ""),
-             f"ARG BASE={dockerfile_word(base_hint)}", "FROM ${BASE}", ""]
+             f"ARG BASE={dockerfile_word(base_hint)}",
+             "FROM ${BASE}" + (f" AS {FULL_STAGE}" if any(s.cut is not None for s in plan.steps) else ""), ""]
     parts.append("# Phases: every layer's packages in one step, then each layer's files, users, services\n"
                  "# and steps in layer order; a node image's initramfs is generated after the last one.\n")
     for i, step in enumerate(engine_steps(plan), start=1):

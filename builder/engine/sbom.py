@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 
+from ..compose.cut import is_cut
 from ..compose.image import output_name
 from ..debian import parse_dpkg_status
 from ..errors import BuildFailed
@@ -54,6 +55,38 @@ def _read(c: docker.DockerClient, ref: str) -> str:
             member = tar.extractfile(tar.getmembers()[0])
             assert member is not None
             return member.read().decode(errors="replace")
+    finally:
+        box.remove(force=True)
+
+
+def _archive(box: Any, path: str) -> tarfile.TarFile | None:
+    try:
+        stream, _ = box.get_archive(path)
+    except docker.errors.NotFound:
+        return None
+    return tarfile.open(fileobj=io.BytesIO(b"".join(stream)))
+
+
+def _read_unstarted(c: docker.DockerClient, ref: str) -> str:
+    """The same text as _read, for an image with no shell (compose.cut): read as archives from a
+    container that is created and never started."""
+    box = c.containers.create(ref, ["/nodeforge-never-started"], entrypoint=[], labels={SESSION_LABEL: "sbom"},
+                              network_mode="none")
+    try:
+        status = _archive(box, "/var/lib/dpkg/status")
+        member = status.extractfile(status.getmembers()[0]) if status else None
+        text = member.read().decode(errors="replace") if member else ""
+        metadata: dict[str, str] = {}
+        for root in WHEEL_ROOTS:
+            tar = _archive(box, root)
+            for m in tar.getmembers() if tar else []:
+                f = tar.extractfile(m) if tar and m.isreg() and m.name.endswith(".dist-info/METADATA") else None
+                if f is not None:  # what `head -n 40` prints
+                    lines = f.read().decode(errors="replace").splitlines(keepends=True)[:40]
+                    metadata[f"{root.rsplit('/', 1)[0]}/{m.name}"] = "".join(lines)
+        for path in sorted(metadata):
+            text += f"\n{_MARK}{path}\n{metadata[path]}"
+        return text
     finally:
         box.remove(force=True)
 
@@ -119,7 +152,8 @@ def write(c: docker.DockerClient, ref: str, plan: BuildPlan, root: Path) -> tupl
                 return path, hashlib.sha256(data).hexdigest()
         except ValueError:
             pass
-    data = (json.dumps(document(plan, _read(c, ref)), indent=1) + "\n").encode()
+    text = _read_unstarted(c, ref) if is_cut(plan) else _read(c, ref)
+    data = (json.dumps(document(plan, text), indent=1) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)

@@ -13,7 +13,7 @@ from ..engine import client as engine
 from ..errors import EXIT_FAIL, EXIT_OK, EnvironmentProblem
 from ..plan import BuildPlan, Test
 from .boot import MODES, run_boot_tests
-from .container import TestContainer, check_in_container
+from .container import TestContainer, check_entrypoint, check_in_container
 from .host import capabilities
 from .image import IMAGE_CHECKS, ImageView
 from .report import summary, write_reports
@@ -37,16 +37,25 @@ def run_image_and_container(plan: BuildPlan, ref: str, tests: list[Test]) -> lis
                 results.append(Result(t, "failed" if why else "passed", why, time.monotonic() - start))
         finally:
             view.close()
-    if container_tests:
+    # an entrypoint test starts a container of its own: an image without a shell (compose.cut)
+    # needs no sleeper for it
+    for t in container_tests:
+        if t.kind == "entrypoint":
+            start = time.monotonic()
+            why, output = check_entrypoint(ref, t.spec, gpu="gpu" in t.requires)
+            results.append(Result(t, "failed" if why else "passed", why, time.monotonic() - start, output))
+    shell_tests = [t for t in container_tests if t.kind != "entrypoint"]
+    if shell_tests:
         box = TestContainer(ref, uuid.uuid4().hex[:12])
         try:
-            for t in container_tests:
+            for t in shell_tests:
                 start = time.monotonic()
                 why, output = check_in_container(box, t)
                 results.append(Result(t, "failed" if why else "passed", why, time.monotonic() - start, output))
         finally:
             box.close()
-    return results
+    by_test = {id(r.test): r for r in results[len(image_tests):]}  # the container tests in the plan's order
+    return results[:len(image_tests)] + [by_test[id(t)] for t in container_tests]
 
 
 def select(plan: BuildPlan, caps: dict[str, bool]) -> tuple[list[Test], list[Result]]:

@@ -20,7 +20,15 @@ from builder.errors import DefinitionError
 BASE_LAYER = "name: one\nsummary: a layer\nsysctl: {vm.swappiness: 1}\n"
 IMAGE = NODE_IMAGE
 
-# check name -> (extra layer.yaml files, the image's layer list, image text changes)
+CUT_LAYER = "name: c\nsummary: s\ncut: /kept\n"
+FULL_IMAGE = ("name: full\nsummary: s\nkind: container\nversion: '1'\nfrom: {debian: {suite: bookworm}}\n"
+              "source-date-epoch: 1700000000\nlayers: [one]\n")
+CUT_IMAGE = "name: cut\nsummary: s\nkind: container\nversion: '1'\nfrom: {image: full}\nlayers: [c]\n"
+AS_CONTAINER_OF_FULL = {"kind: node": "kind: container", "from: {debian: {suite: bookworm}}": "from: {image: full}",
+                        "source-date-epoch: 1700000000\n": ""}
+
+# check name -> (extra layer.yaml files, or images/NAME: another image, the image's layer list,
+# image text changes)
 FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
     "conflict/sysctl": ({"two": "name: two\nsummary: s\nsysctl: {vm.swappiness: 60}\n"}, "one, two", {}),
     "conflict/env": ({"a": "name: a\nsummary: s\nenv: {X: '1'}\n", "b": "name: b\nsummary: s\nenv: {X: '2'}\n"},
@@ -63,11 +71,21 @@ FIRE: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
                     "one, a", {"layers: [one, a]": "layers: [one, {a: {n: 9}}]"}),
     "image/source-date-epoch": ({}, "one", {"source-date-epoch: 1700000000\n": ""}),
     "image/parent": ({}, "one", {"from: {debian: {suite: bookworm}}": "from: {image: nothing}"}),
+    "cut/only-layer": ({"c": CUT_LAYER, "d": "name: d\nsummary: s\n", "images/full": FULL_IMAGE}, "d, c",
+                       AS_CONTAINER_OF_FULL),
+    "cut/container": ({"c": CUT_LAYER}, "c", {}),
+    "cut/no-children": ({"c": CUT_LAYER, "images/full": FULL_IMAGE, "images/cut": CUT_IMAGE}, "one",
+                        {"from: {debian: {suite: bookworm}}": "from: {image: cut}",
+                         "source-date-epoch: 1700000000\n": ""}),
+    "cut/no-shell": ({"c": CUT_LAYER + "tests: [{name: t, command: {run: 'true'}}]\n", "images/full": FULL_IMAGE},
+                     "c", AS_CONTAINER_OF_FULL),
 }
 
 
 def make_tree(root: Path, layers: dict[str, str], listed: str, changes: dict[str, str]) -> Path:
     for name, text in {"one": BASE_LAYER, **layers}.items():
+        if name.startswith("images/"):
+            continue
         (root / "layers" / name).mkdir(parents=True)
         (root / "layers" / name / "layer.yaml").write_text(text)
     image = IMAGE.replace("LAYERS", listed)
@@ -76,6 +94,9 @@ def make_tree(root: Path, layers: dict[str, str], listed: str, changes: dict[str
         image = image.replace(old, new)
     (root / "images").mkdir()
     (root / "images" / "img.yaml").write_text(image)
+    for name, text in layers.items():
+        if name.startswith("images/"):
+            (root / f"{name}.yaml").write_text(text)
     (root / "configs").mkdir()
     return root
 
