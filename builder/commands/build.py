@@ -4,25 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import lockfile
+from .. import done, lockfile
+from ..compose.image import output_name
 from ..compose.pairs import owners
 from ..errors import UsageError
 from ..mirror.gather import mirror as gather
 from ..node.signing import load_secrets
+from ..paths import build_dir
 from ..pipeline import Builder, check_locks
-from ..plan import FORMATS
 from ..progress import Progress
 from .invocation import Invocation
-
-
-def formats(value: str | None) -> list[str] | None:
-    """--format: the node outputs of this build only (None: the image's outputs.formats)."""
-    if value is None:
-        return None
-    chosen = list(dict.fromkeys(f.strip() for f in value.split(",") if f.strip()))
-    if not chosen or not set(chosen) <= set(FORMATS):
-        raise UsageError(f"--format: expected a comma-separated list of {', '.join(FORMATS)}; found {value!r}")
-    return chosen
 
 
 def offline_mirror(offline: bool, mirror: str | None) -> Path | None:
@@ -35,21 +26,27 @@ def offline_mirror(offline: bool, mirror: str | None) -> Path | None:
     return Path(mirror) if mirror else None
 
 
-def build(inv: Invocation) -> int:
+def build_with_engine(inv: Invocation, chosen: list[str] | None, record_key: str | None = None) -> int:
+    """The pipeline; chosen: --format, checked (commands.building); record_key: the done record this
+    build writes when it ends."""
     a = inv.args
     secrets = load_secrets(a.secret or [])  # checked before anything is built, before the tree is read
     tree = inv.tree
     with Progress(quiet=a.quiet, live=True) as progress:  # live status on a terminal, plain lines in logs
         builder = Builder(tree, inv.config, inv.sets, progress, locked=a.locked, secrets=secrets,
-                          formats=formats(a.format), mirror=offline_mirror(a.offline, a.mirror))
+                          formats=chosen, mirror=offline_mirror(a.offline, a.mirror))
         results = builder.build(a.images, jobs=a.jobs)
-    print("images:")
+    summary = ["images:"]
     for r in results:
-        print(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")
+        summary.append(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")
         if r.node:
             for role in r.node.files:
                 path = r.node.path(role)
-                print(f"    {role:<8} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
+                summary.append(f"    {role:<8} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
+    print("\n".join(summary))
+    if record_key is not None:  # the next build of the same inputs answers from this
+        done.write(tree.root, record_key, {t: r.id for r in results for t in r.tags},
+                   [build_dir(tree.root) / "images" / output_name(r.plan) for r in results], summary)
     return 0
 
 

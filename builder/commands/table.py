@@ -80,7 +80,7 @@ COMMANDS: tuple[Command, ...] = (
             _R + "definitions:render", (IMAGE, DIR, *COMPOSED), frozenset({TREE}),
             doc="a build context (Dockerfile, per-layer files, bootstrap.sh, plan.json) that plain `docker build` "
             "builds too"),
-    Command("build", "build images (and the images they build on)", "build", _R + "build:build", (
+    Command("build", "build images (and the images they build on)", "build", _R + "building:build", (
         IMAGES, *COMPOSED,
         arg("-j", "--jobs", type=int, default=1, help="independent images built at once", synopsis="[-j N]"),
         flag("--locked", "fail if package resolution would change the lock"), QUIET,
