@@ -140,7 +140,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
     return rows
 
 
-WIDTHS = (24, 8, 8, 10, 10, 10, 16, 60)
+WIDTHS = (26, 8, 8, 10, 10, 10, 16, 60)
 
 
 def main() -> None:
