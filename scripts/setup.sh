@@ -16,6 +16,7 @@ APT_PACKAGES=(
   openssh-client                                        # ssh-keygen: the key Packer logs in with
   openssl kmod zstd                                     # module signing (host openssl), modinfo reads signatures; repro reads the initramfs
   shellcheck                                            # make lint: the package's and the layers' scripts
+  slurmctld slurmd slurm-client munge                   # matrix --submit slurm, tested against a one-node cluster
   git ca-certificates
 )
 VENV=${VENV:-.venv}
@@ -32,6 +33,8 @@ if ((${#missing[@]})); then
   # the distribution starts its own registry service on :5000; the tests start their own
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
   pkill -f '^/usr/bin/docker-registry serve /etc/docker/registry' 2>/dev/null || true
+  # and its Slurm and munge services: the tests run a cluster of their own in a directory
+  systemctl disable --now slurmctld slurmd munge >/dev/null 2>&1 || true
 fi
 
 stamp="$VENV/.nodeforge-deps"

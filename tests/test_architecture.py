@@ -25,7 +25,7 @@ RANKS: list[set[str]] = [
     {"commands"},  # the command table and its runners: every stage below is reachable from here
     {"repro"},  # the reproducibility comparison: builds twice, compares (OCI layouts from export)
     {"export"},
-    {"pipeline", "verify", "publish", "diff", "done"},
+    {"pipeline", "verify", "publish", "diff", "done", "slurm"},
     {"manifest", "mirror"},
     {"node"},
     {"engine"},

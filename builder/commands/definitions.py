@@ -71,7 +71,14 @@ def plan(inv: Invocation) -> int:
 
 def matrix(inv: Invocation) -> int:
     found = variants(inv.tree, inv.images, inv.args.configs, inv.sets)
-    print(json.dumps(variants_document(found), indent=2))
+    doc = variants_document(found)
+    if inv.args.submit == "slurm":
+        from ..slurm import submit
+
+        doc["jobs"] = submit(found, inv.tree.root, inv.args.sbatch_arg or [])
+    elif inv.args.sbatch_arg:
+        raise UsageError("--sbatch-arg: only with --submit slurm")
+    print(json.dumps(doc, indent=2))
     return 0
 
 

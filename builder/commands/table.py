@@ -107,11 +107,18 @@ COMMANDS: tuple[Command, ...] = (
             "definitions", _R + "definitions:matrix", (
                 IMAGES, arg("--config", "-c", dest="configs", action="append", metavar="CONFIG",
                             synopsis="[-c CONFIG...]", help="a config to build each image with (repeatable; "
-                            "default: no config and every config of the tree)"), SET),
+                            "default: no config and every config of the tree)"), SET,
+                arg("--submit", choices=["slurm"], default=None, synopsis="[--submit slurm]",
+                    help="run the variants as Slurm batch jobs, each shared step key built once (its first "
+                    "variant first, the others after it)"),
+                arg("--sbatch-arg", action="append", metavar="--OPTION=VALUE", synopsis="[--sbatch-arg=--OPT=V...]",
+                    help="an sbatch option for every job (repeatable), e.g. --sbatch-arg=--partition=build")),
             frozenset({TREE}), doc="the variants of IMAGE... with each -c CONFIG (default: no config and every "
             "config of the tree) as JSON for a CI matrix or a job array: image, config, sets, plan key, tags and "
             "the build command of each, deduplicated by plan key and tags (a config that leaves the image as it "
-            "is folds into `same_as`), and the step keys more than one variant builds"),
+            "is folds into `same_as`), and the step keys more than one variant builds; `--submit slurm` submits "
+            "one batch job per variant (`jobs` in the JSON), a variant waiting with `afterok` for the first "
+            "variant that builds a key it shares"),
     Command("lock", "resolve every package to an exact version into images/<name>.lock", "build", _R + "build:lock",
             (arg("image", nargs="?", default=None, synopsis="IMAGE | --all"), *COMPOSED,
              arg("--all", action="store_true", synopsis="", help="every image with no config and with each config "
