@@ -47,7 +47,8 @@ def test_variants_run_as_jobs_the_sharing_one_after_its_leader(cluster: dict[str
         assert "images:" in out and v["tags"][0] in out, out[-2000:]
     # the follower built nothing its leader had built: every shared step was there when it started
     follower_out = Path(follower["output"]).read_text()
-    assert not [line for line in follower_out.splitlines() if line.startswith("[cuda-13.0-base] ") and "building" in line]
+    rebuilt = [x for x in follower_out.splitlines() if x.startswith("[cuda-13.0-base] ") and "building" in x]
+    assert not rebuilt, rebuilt
 
 
 def test_sbatch_options_nodeforge_sets_are_refused(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
