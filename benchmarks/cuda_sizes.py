@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # disk goals (issue: a slim base that keeps apt), in bytes
-GOALS = {"container-base": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6, "cuda-13.0-base": 85e6,
-         "cuda-13.0-base-distroless": 40e6}
+GOALS = {"container-base": 80e6, "container-base-trixie": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6,
+         "cuda-13.0-base": 85e6, "cuda-13.0-base-distroless": 40e6, "cuda-13.0-base-debian13": 85e6,
+         "cuda-13.0-base-distroless-debian13": 40e6}
 # Debian's slim and NVIDIA's own images, as published (shared/reference/peers-2026.md: sources named there)
-REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB",
+REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB", "container-base-trixie": "debian:trixie-slim",
              "base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
              "runtime": "nvidia/cuda:12.1.1-runtime 2.25 GB disk, 1.3 GB pull (skypilot#4122)",
              "devel": "nvidia/cuda:12.1.1-devel 7 GB disk, 3.6 GB pull (skypilot#4122)",
@@ -39,7 +40,8 @@ REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB",
 IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
           "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel",
           "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl",
-          "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless"]
+          "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless",
+          "cuda-13.0-base-debian13", "cuda-13.0-runtime-debian13", "cuda-13.0-base-distroless-debian13"]
 
 
 def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:
@@ -97,13 +99,16 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
     names = images or IMAGES
     builder.build(names, jobs=2)
     c = engine.client()
-    base = builder.results["container-base"]
     sizes: dict[str, tuple[int, int]] = {}  # name -> (ours, plain) on disk
     for name in names:
         apt: list[str] = []
         wheels: list[str] = []
         current: str | None = name
-        while current and current != "container-base":  # the packages of the whole chain
+        while builder.results[current or ""].plan.base.kind == "image":  # up to the bootstrapped base
+            current = builder.results[current or ""].plan.base.image
+        base = builder.results[current or ""]  # container-base, or container-base-trixie for Debian 13
+        current = name
+        while current and current != base.image:  # the packages of the whole chain above it
             locked = lock.read(ROOT, current)
             plan = builder.results[current].plan
             for step in plan.steps:
@@ -125,14 +130,16 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
         return "-" if size is None else f"{size / 1e6:.1f}"
 
     with registry_if_installed() as registry:
-        for name in ["container-base", *names]:
+        bases = [b for b in ("container-base", "container-base-trixie") if b in builder.results]
+        for name in [*bases, *names]:
             ours = builder.results[name]
             disk, plain = sizes.get(name, (ours.size, None))
             pull = pull_size(c, registry, ours.tags[0]) if registry else None
             plain_pull = pull_size(c, registry, f"nodeforge-bench/plain-{name}:latest") if registry and plain else None
             goal = GOALS.get(name)
             parts = name.split("-")  # cuda-13.0-runtime-nccl: runtime; cuda-13.0-cudnn-devel: cudnn-devel
-            kind = name if name == "container-base" else "-".join(parts[2:4]) if parts[2] == "cudnn" else parts[2]
+            kind = (name if name.startswith("container-base") else "-".join(parts[2:4]) if parts[2] == "cudnn"
+                    else parts[2])
             rows.append((name, mb(disk), mb(pull) if registry else "n/a", mb(plain), mb(plain_pull),
                          f"{100 * (plain - disk) / plain:.1f}%" if plain else "-",
                          "-" if goal is None else f"<= {goal / 1e6:.0f} MB {'met' if disk <= goal else 'MISSED'}",
@@ -140,7 +147,7 @@ def run(images: list[str] | None = None) -> list[tuple[str, ...]]:
     return rows
 
 
-WIDTHS = (26, 8, 8, 10, 10, 10, 16, 60)
+WIDTHS = (36, 8, 8, 10, 10, 10, 16, 60)
 
 
 def main() -> None:

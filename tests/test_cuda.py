@@ -31,7 +31,10 @@ PER_LIBRARY = [("cuda-13.0-runtime-cublas", "cuBLAS", "CHECK_CUBLAS", "cublas"),
                ("cuda-13.0-runtime-nccl", "NCCL", "CHECK_NCCL", "nccl")]
 CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-base", "cuda-12.9-runtime",
          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY),
-         "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless"]
+         "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless",
+         # Debian 13: the same definitions on container-base-trixie (tags say the release)
+         "container-base-trixie", "cuda-13.0-base-debian13", "cuda-13.0-runtime-debian13",
+         "cuda-13.0-base-distroless-debian13"]
 TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
         "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
@@ -46,7 +49,11 @@ TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-12.9-cudnn-runtime": "nodeforge/cuda:12.9.1-cudnn-runtime-debian12",
         "cuda-13.0-cudnn-runtime": "nodeforge/cuda:13.0.2-cudnn-runtime-debian12",
         "cuda-13.0-cudnn-devel": "nodeforge/cuda:13.0.2-cudnn-devel-debian12",
-        "cuda-13.0-base-distroless": "nodeforge/cuda:13.0.2-base-distroless-debian12"}
+        "cuda-13.0-base-distroless": "nodeforge/cuda:13.0.2-base-distroless-debian12",
+        "container-base-trixie": "nodeforge/container-base:trixie",
+        "cuda-13.0-base-debian13": "nodeforge/cuda:13.0.2-base-debian13",
+        "cuda-13.0-runtime-debian13": "nodeforge/cuda:13.0.2-runtime-debian13",
+        "cuda-13.0-base-distroless-debian13": "nodeforge/cuda:13.0.2-base-distroless-debian13"}
 
 
 @pytest.mark.parametrize("image", CHAIN)
@@ -84,11 +91,12 @@ def _sh(client: Client, ref: str, script: str) -> tuple[int, str]:
         c.remove(force=True)
 
 
-def test_container_base_is_slim_and_keeps_apt(cuda_images: Images, docker_client: Client) -> None:
-    base = cuda_images["container-base"]
+@pytest.mark.parametrize("name", ["container-base", "container-base-trixie"])
+def test_container_base_is_slim_and_keeps_apt(cuda_images: Images, docker_client: Client, name: str) -> None:
+    base = cuda_images[name]
     assert base.plan.base.debian is not None and base.plan.base.debian["slim"] is True
     # no perl beyond perl-base (usrmerge, which needs it, is not there: mmdebstrap's hook merged /usr)
-    for pkg in ("perl", "usrmerge", "perl-modules-5.36"):
+    for pkg in ("perl", "usrmerge", "perl-modules-5.36", "perl-modules-5.40"):
         assert _sh(docker_client, base.ref, f"dpkg -s {pkg}")[0] != 0, pkg
     assert _sh(docker_client, base.ref, "dpkg -s apt usr-is-merged perl-base")[0] == 0
     assert _sh(docker_client, base.ref, "[ -L /bin ] && [ -L /lib ]")[0] == 0  # merged /usr

@@ -289,6 +289,19 @@ def _descendant_layers(tree: Tree, image: Image, config_ref: str | None) -> set[
     return names
 
 
+def release_of(tree: Tree, image: Image) -> str:
+    """The Debian release an image is built on (its own base's suite, or the first parent's that
+    bootstraps): `image.release` in templates, for the values layers set per release."""
+    seen = {image.name}
+    while "image" in image.data["from"]:
+        parent = tree.images.get(image.data["from"]["image"])
+        if parent is None or parent.name in seen:
+            return ""
+        seen.add(parent.name)
+        image = parent
+    return str((image.data["from"].get("debian") or {}).get("suite", ""))
+
+
 def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides | None,
              _stack: tuple[str, ...], memo: Memo | None, locked: lockfile.Lock | None, locks: Locks) -> BuildPlan:
     config, out = tree.config(config_ref), Collector()
@@ -301,7 +314,8 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
         contributions.inherit(merged, parent)
     all_params = {n: {p: s.value for p, s in ps.items()} for n, ps in settings.items()}
     ictx = {"params": all_params, "site": _site(config),
-            "image": {"name": image.name, "kind": image.data["kind"], "version": image.data["version"]}}
+            "image": {"name": image.name, "kind": image.data["kind"], "version": image.data["version"],
+                      "release": release_of(tree, image)}}
     unkeyed: list[tuple[LayerStep, dict[str, Any]]] = []
     tests: list[Test] = []
     for name in order:
