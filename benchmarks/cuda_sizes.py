@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 # disk goals (issue: a slim base that keeps apt), in bytes
 GOALS = {"container-base": 80e6, "container-base-trixie": 80e6, "cuda-11.8-base": 85e6, "cuda-12.9-base": 85e6,
          "cuda-13.0-base": 85e6, "cuda-13.0-base-distroless": 40e6, "cuda-13.0-base-debian13": 85e6,
-         "cuda-13.0-base-distroless-debian13": 40e6}
+         "cuda-12.9-base-debian13": 85e6, "cuda-13.0-base-distroless-debian13": 40e6}
 # Debian's slim and NVIDIA's own images, as published (shared/reference/peers-2026.md: sources named there)
 REFERENCE = {"container-base": "debian:bookworm-slim ~75 MB", "container-base-trixie": "debian:trixie-slim",
              "base": "nvidia/cuda:12.0.1-base-ubuntu22.04 237 MB disk (docker images listing)",
@@ -41,7 +41,8 @@ IMAGES = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-b
           "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel",
           "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl",
           "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless",
-          "cuda-13.0-base-debian13", "cuda-13.0-runtime-debian13", "cuda-13.0-base-distroless-debian13"]
+          "cuda-12.9-base-debian13", "cuda-12.9-runtime-debian13", "cuda-13.0-base-debian13",
+          "cuda-13.0-runtime-debian13", "cuda-13.0-devel-debian13", "cuda-13.0-base-distroless-debian13"]
 
 
 def plain_dockerfile(base_ref: str, apt: list[str], wheels: list[str]) -> str:

@@ -82,7 +82,7 @@ def built_node_minimal(docker_client: docker.DockerClient) -> BuildResult:
 CUDA_IMAGES = ["cuda-11.8-devel", "cuda-12.9-runtime", "cuda-13.0-devel", "cupy-cuda12.9", "cuda-11.8-base-slim",
                "cuda-13.0-runtime-cublas", "cuda-13.0-runtime-cufft", "cuda-13.0-runtime-nccl",
                "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless",
-               "cuda-13.0-runtime-debian13", "cuda-13.0-base-distroless-debian13"]
+               "cuda-13.0-devel-debian13", "cuda-12.9-runtime-debian13", "cuda-13.0-base-distroless-debian13"]
 
 
 @pytest.fixture(scope="session")

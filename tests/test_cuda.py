@@ -33,8 +33,8 @@ CHAIN = ["cuda-11.8-base", "cuda-11.8-runtime", "cuda-11.8-devel", "cuda-12.9-ba
          "cuda-13.0-base", "cuda-13.0-runtime", "cuda-13.0-devel", *(p[0] for p in PER_LIBRARY),
          "cuda-12.9-cudnn-runtime", "cuda-13.0-cudnn-runtime", "cuda-13.0-cudnn-devel", "cuda-13.0-base-distroless",
          # Debian 13: the same definitions on container-base-trixie (tags say the release)
-         "container-base-trixie", "cuda-13.0-base-debian13", "cuda-13.0-runtime-debian13",
-         "cuda-13.0-base-distroless-debian13"]
+         "container-base-trixie", "cuda-12.9-base-debian13", "cuda-12.9-runtime-debian13", "cuda-13.0-base-debian13",
+         "cuda-13.0-runtime-debian13", "cuda-13.0-devel-debian13", "cuda-13.0-base-distroless-debian13"]
 TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-11.8-runtime": "nodeforge/cuda:11.8.0-runtime-debian12",
         "cuda-11.8-devel": "nodeforge/cuda:11.8.0-devel-debian12",
@@ -51,6 +51,9 @@ TAGS = {"cuda-11.8-base": "nodeforge/cuda:11.8.0-base-debian12",
         "cuda-13.0-cudnn-devel": "nodeforge/cuda:13.0.2-cudnn-devel-debian12",
         "cuda-13.0-base-distroless": "nodeforge/cuda:13.0.2-base-distroless-debian12",
         "container-base-trixie": "nodeforge/container-base:trixie",
+        "cuda-12.9-base-debian13": "nodeforge/cuda:12.9.1-base-debian13",
+        "cuda-12.9-runtime-debian13": "nodeforge/cuda:12.9.1-runtime-debian13",
+        "cuda-13.0-devel-debian13": "nodeforge/cuda:13.0.2-devel-debian13",
         "cuda-13.0-base-debian13": "nodeforge/cuda:13.0.2-base-debian13",
         "cuda-13.0-runtime-debian13": "nodeforge/cuda:13.0.2-runtime-debian13",
         "cuda-13.0-base-distroless-debian13": "nodeforge/cuda:13.0.2-base-distroless-debian13"}
@@ -144,7 +147,9 @@ def test_chain_builds_from_each_other(cuda_images: Images) -> None:
     for child, parent in (("cuda-11.8-runtime", "cuda-11.8-base"), ("cuda-11.8-devel", "cuda-11.8-runtime"),
                           ("cuda-12.9-runtime", "cuda-12.9-base"), ("cuda-13.0-devel", "cuda-13.0-runtime"),
                           ("cuda-13.0-cudnn-runtime", "cuda-13.0-runtime"),
-                          ("cuda-13.0-cudnn-devel", "cuda-13.0-cudnn-runtime")):
+                          ("cuda-13.0-cudnn-devel", "cuda-13.0-cudnn-runtime"),
+                          ("cuda-13.0-base-debian13", "container-base-trixie"),
+                          ("cuda-13.0-devel-debian13", "cuda-13.0-runtime-debian13")):
         labels = cuda_images[child].labels
         assert labels["org.opencontainers.image.base.name"] == TAGS[parent]
         assert labels["org.opencontainers.image.base.digest"] == cuda_images[parent].id
@@ -181,7 +186,8 @@ def _run_program(c: docker.DockerClient, image: str, archive: bytes, program: st
 
 
 @pytest.mark.parametrize("devel,runtime,flags", [("cuda-11.8-devel", "cuda-11.8-runtime", "-ccbin g++-11"),
-                                                 ("cuda-13.0-devel", "cuda-13.0-runtime", "")])
+                                                 ("cuda-13.0-devel", "cuda-13.0-runtime", ""),
+                                                 ("cuda-13.0-devel-debian13", "cuda-13.0-runtime-debian13", "")])
 def test_runtime_runs_the_program_devel_compiled(cuda_images: Images, docker_client: Client, devel: str, runtime: str,
                                                  flags: str) -> None:
     archive = _compile(docker_client, cuda_images[devel].ref, flags)
