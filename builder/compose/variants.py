@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import lockfile
 from ..definitions.load import Tree
 from ..plan import BuildPlan
 from .image import Memo, compose
@@ -38,14 +39,20 @@ class Variant:
         p = self.plan
         return {"name": self.name, "image": p.image, "config": p.config, "sets": list(p.sets), "key": p.key,
                 "tags": list(p.tags), "command": p.build_command, "steps": len(self.steps),
-                "same_as": list(self.same_as)}
+                "same_as": list(self.same_as), "pinned": pinned(p)}
 
 
-def chain(tree: Tree, plan: BuildPlan, config: str | None, sets: Overrides, memo: Memo) -> list[BuildPlan]:
+def pinned(plan: BuildPlan) -> bool:
+    """Every layer of the plan pinned by a lock (else the build resolves it first, and its key moves)."""
+    return all(s.locked for s in plan.steps)
+
+
+def chain(tree: Tree, plan: BuildPlan, config: str | None, sets: Overrides, memo: Memo,
+          kept: dict[str, lockfile.Lock] | None = None) -> list[BuildPlan]:
     """The plan and the plans of the images it builds on, the first parent first."""
     plans = [plan]
     while plans[0].base.kind == "image":
-        plans.insert(0, compose(tree, plans[0].base.image or "", config, sets, memo=memo))
+        plans.insert(0, _as_built(tree, plans[0].base.image or "", config, sets, memo, kept or {}))
     return plans
 
 
@@ -60,9 +67,22 @@ def steps_of(plans: list[BuildPlan]) -> list[Step]:
     return out
 
 
+def _as_built(tree: Tree, name: str, config: str | None, sets: Overrides, memo: Memo,
+              kept: dict[str, lockfile.Lock]) -> BuildPlan:
+    """The plan a build composes: with the lock files, or, where they pin too little, with the
+    resolution an earlier build kept under build/resolved/ when it pins every layer (as the build
+    itself does: pipeline.Builder)."""
+    plan = compose(tree, name, config, sets, memo=memo)
+    if pinned(plan) or not kept:
+        return plan
+    again = compose(tree, name, config, sets, memo=memo, locks=kept)
+    return again if pinned(again) else plan
+
+
 def variants(tree: Tree, images: list[str], configs: list[str | None] | None, sets: Overrides) -> list[Variant]:
     """Each image with each config (None: no config and every config of the tree), deduplicated."""
     memo: Memo = {}
+    kept = lockfile.kept_resolutions(tree.root)
     chosen = [c.name if (c := tree.config(ref)) else None for ref in configs] if configs is not None \
         else [None, *sorted(tree.configs)]
     out: list[Variant] = []
@@ -70,12 +90,12 @@ def variants(tree: Tree, images: list[str], configs: list[str | None] | None, se
     for ref in images:
         name = tree.image(ref).name
         for config in chosen:
-            plan = compose(tree, name, config, sets, memo=memo)
+            plan = _as_built(tree, name, config, sets, memo, kept)
             if (same := seen.get((plan.key, plan.tags))) is not None:
                 if config not in same.same_as and config != same.plan.config:
                     same.same_as.append(config)
                 continue
-            v = Variant(plan, steps_of(chain(tree, plan, config, sets, memo)))
+            v = Variant(plan, steps_of(chain(tree, plan, config, sets, memo, kept)))
             seen[(plan.key, plan.tags)] = v
             out.append(v)
     return out

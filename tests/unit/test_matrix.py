@@ -72,3 +72,23 @@ def test_an_unknown_config_or_image_is_exit_2(capsys: pytest.CaptureFixture[str]
     assert "nope: no such config" in capsys.readouterr().err
     assert cli.main(["--root", str(ROOT), "matrix", "no-such-image"]) == 2
     assert "no-such-image: no such image" in capsys.readouterr().err
+
+
+def test_a_variant_whose_lock_pins_too_little_takes_the_resolution_a_build_kept(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from builder import lockfile
+    from builder.compose.variants import variants
+
+    tree_dir = tmp_path / "tree"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "keys-tree", tree_dir)
+    monkeypatch.setenv("NODEFORGE_BUILD_DIR", str(tmp_path / "build"))
+    kept = lockfile.resolved_path(tree_dir, "container-base")
+    kept.parent.mkdir(parents=True)
+    (tree_dir / "images" / "container-base.lock").rename(kept)  # as a build leaves it: no lock file, a resolution
+    tree = load_tree(tree_dir)
+    (v,) = variants(tree, ["container-base"], [None], [])
+    as_built = compose(tree, "container-base", locks=lockfile.kept_resolutions(tree_dir))
+    assert v.plan.key == as_built.key != compose(tree, "container-base").key
+    assert v.to_json()["pinned"] is True
