@@ -40,7 +40,9 @@ def main() -> int:
           f"(target < 2 s: {'met' if med < 2 else 'MISSED'})")
     for name, title in (("build_loop", "build loop of node-minimal: cold, one sysctl value changed, no change"),
                         ("boot", "boot time to verdict per mode"), ("cuda_sizes", "CUDA image sizes"),
-                        ("gpu_health", "GPU health check (Slurm kills it after 60 s; the goal is under 5 s)")):
+                        ("gpu_health", "GPU health check (Slurm kills it after 60 s; the goal is under 5 s)"),
+                        ("fleet_cache", "fleet cache: node-minimal cold, then on an empty second engine, "
+                                        "cache warm")):
         try:
             mod = importlib.import_module(f"benchmarks.{name}")
         except ModuleNotFoundError:

@@ -27,11 +27,11 @@ from .engine import bootstrap, cancel, initramfs, offline, sbom
 from .engine import cache as rebuild
 from .engine import client as engine
 from .engine import resolve as resolver
-from .engine.client import image_exists
 from .engine.dockerfile import label_fragment, step_dockerfile, write_context
 from .engine.labels import oci_labels
 from .engine.steps import engine_build, step_ref
 from .errors import BuildFailed
+from .fleetcache import cache as fleet
 from .manifest import image_digest, layer_secrets
 from .manifest import record as manifest
 from .mirror import offline as mirror_check
@@ -69,12 +69,14 @@ class BuildResult:
 class Builder:
     def __init__(self, tree: Tree, config: str | None, sets: Overrides, progress: Progress,
                  locked: bool = False, log_dir: Path | None = None, secrets: Secrets | None = None,
-                 formats: list[str] | None = None, mirror: Path | None = None) -> None:
+                 formats: list[str] | None = None, mirror: Path | None = None,
+                 cache: fleet.SharedCache | None = None) -> None:
         self.tree, self.config, self.sets, self.progress = tree, config, sets, progress
         self.locked = locked
         self.formats = formats  # --format: node outputs of this build, instead of outputs.formats
         self.secrets = secrets or Secrets()  # --secret values, checked; the assembler signs with module_signing
         self.log_dir = log_dir or build_dir(tree.root) / "logs"
+        self.cache = cache  # the fleet cache: keyed images pulled on a miss, pushed once built (builder.fleetcache)
         self.mirror = mirror  # an offline build: no network, packages and bases from this checked mirror
         self.bases: dict[str, tuple[str, str]] = {}  # base key -> (tarball in the mirror, its sha256)
         self.results: dict[str, BuildResult] = {}
@@ -215,9 +217,10 @@ class Builder:
         if plan.base.kind == "debian":
             if self.mirror:
                 rel, sha256 = self.bases[plan.base.key]
-                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, self.mirror / rel, sha256)
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, self.mirror / rel, sha256,
+                                            shared=self.cache)
             else:
-                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image)
+                base_ref = bootstrap.ensure(c, plan.base, self.progress, plan.image, shared=self.cache)
             return base_ref, base_ref, engine.inspect(c, base_ref)["Id"]
         assert parent is not None
         self.progress.say(plan.image, f"base image {parent.image:<22} {parent.tags[0]}")
@@ -237,8 +240,9 @@ class Builder:
             fp = rebuild.fingerprint(step, parent_key, parent_name)
             why = ""
             with Timer() as t:
-                if image_exists(c, tag):
-                    status = "cached"
+                found = fleet.have(c, self.cache, tag, "step", step.key, name)
+                if found:
+                    status = found
                 else:
                     why = rebuild.reason(state.previous(step.layer), fp)
                     self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
@@ -251,6 +255,7 @@ class Builder:
                     else:
                         self._engine_step(c, step, ref, plan, tag, log)
                     status = "built"
+                    fleet.built(c, self.cache, tag, "step", step.key, name)
             self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
             results.append(StepResult(step.layer, step.key, status, t.seconds, why))
             state.record(step.layer, fp)
@@ -284,11 +289,13 @@ class Builder:
         user = f"USER {plan.user}\n" if plan.user else ""  # the final image only: children build as root
         if user:
             meta_inputs["user"] = plan.user
-        meta_ref = step_ref(digest(meta_inputs))
-        if not image_exists(c, meta_ref):
+        meta_key = digest(meta_inputs)
+        meta_ref = step_ref(meta_key)
+        if not fleet.have(c, self.cache, meta_ref, "step", meta_key, plan.image):
             with tempfile.TemporaryDirectory(prefix="nodeforge-ctx-") as tmp, cancel.scratch(Path(tmp)):
                 engine_build(c, Path(tmp), f"FROM {content_ref}\n" + label_fragment(labels) + user, meta_ref,
                              self.log_dir / plan.image / "labels.log")
+            fleet.built(c, self.cache, meta_ref, "step", meta_key, plan.image)
         for tag in plan.tags:
             repo, tg = engine.split_ref(tag)
             c.api.tag(meta_ref, repo, tg)
@@ -329,7 +336,8 @@ class Builder:
                       if parent is not None and parent.initramfs is not None else None)
                 with Timer() as t:
                     content_ref, content_key, status = initramfs.step(c, plan, content_ref, self.tree.root,
-                                                                      self.progress, self.log_dir / name, up)
+                                                                      self.progress, self.log_dir / name, up,
+                                                                      shared=self.cache)
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan, up), status, t.seconds)
             layer_secrets.check(c, content_ref, name)
             cancel.check()
@@ -347,7 +355,10 @@ class Builder:
                 manifest.write(self.tree, plan, digests.result(), labels, node, resolved)  # manifest.json, provenance
         self.progress.done(name)
         built = sum(r.status == "built" for r in results)
-        self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {len(results) - built} cached; "
+        pulled = sum(r.status == "pulled" for r in results)
+        fetched = f"{pulled} pulled from the fleet cache, " if pulled else ""
+        self.progress.say(name, f"done in {total.seconds:.1f}s: {built} built, {fetched}"
+                          f"{len(results) - built - pulled} cached; "
                           f"{', '.join(plan.tags)} ({info['Size'] / 1e6:.0f} MB)")
         result = BuildResult(name, plan, plan.tags[0], content_ref, info["Id"], info["Size"], plan.tags, labels,
                              results, node, initrd)

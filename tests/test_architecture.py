@@ -29,6 +29,7 @@ RANKS: list[set[str]] = [
     {"manifest", "mirror"},
     {"node"},
     {"engine"},
+    {"fleetcache"},  # the fleet cache: registry entries and their signatures (the engine's steps use it)
     {"compose"},
     {"checks"},
     {"definitions"},

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 from pathlib import Path
 
 from .. import done, lockfile
 from ..compose.image import output_name
 from ..compose.pairs import owners
+from ..definitions.grammar import CACHE_REPOSITORY
 from ..errors import UsageError
+from ..fleetcache.cache import SharedCache
+from ..fleetcache.registry import Location
+from ..fleetcache.signature import PublicKey
+from ..fleetcache.signature import SigningKey as CacheSigningKey
 from ..mirror.gather import mirror as gather
-from ..node.signing import load_secrets
+from ..node.signing import Secrets, load_secrets
 from ..paths import build_dir
 from ..pipeline import Builder, check_locks
 from ..progress import Progress
@@ -26,6 +34,37 @@ def offline_mirror(offline: bool, mirror: str | None) -> Path | None:
     return Path(mirror) if mirror else None
 
 
+FLEET_CACHE = "NODEFORGE_FLEET_CACHE"  # REGISTRY/REPO, as --cache
+FLEET_PUBLIC_KEY = "NODEFORGE_FLEET_PUBLIC_KEY"  # a path, as --cache-public-key
+FLEET_SIGNING_KEY = "NODEFORGE_FLEET_SIGNING_KEY"  # a path, as --secret cache-signing=
+
+
+def fleet_cache(inv: Invocation, secrets: Secrets, progress: Progress) -> SharedCache | None:
+    """The fleet cache of this build: --cache, else $NODEFORGE_FLEET_CACHE, else the config's
+    site.cache, else none (the keys likewise from their options, else the environment: what a
+    matrix's batch jobs inherit); exit 2 for a value that is no REGISTRY/REPO or a key file that is
+    not one."""
+    a = inv.args
+    config = inv.tree.config(inv.config) if inv.config else None
+    value = a.cache or os.environ.get(FLEET_CACHE) or ((config.data.get("site") or {}).get("cache") if config else None)
+    public_path = a.cache_public_key or os.environ.get(FLEET_PUBLIC_KEY)
+    if secrets.cache_signing is None and os.environ.get(FLEET_SIGNING_KEY):
+        secrets = dataclasses.replace(secrets, cache_signing=CacheSigningKey.load(Path(os.environ[FLEET_SIGNING_KEY])))
+    if not value:
+        if a.cache_public_key or a.cache_required or secrets.cache_signing:
+            raise UsageError("--cache-public-key, --cache-required and --secret cache-signing are for a fleet cache: "
+                             "give --cache REGISTRY/REPO or set site.cache in the config")
+        return None
+    pattern = CACHE_REPOSITORY.pattern or ""
+    if not re.fullmatch(pattern, value) or len(value) > CACHE_REPOSITORY.max_len:
+        raise UsageError(f"--cache {value!r}: expected {CACHE_REPOSITORY.what}, e.g. 127.0.0.1:5000/nodeforge-cache")
+    public = PublicKey.load(Path(public_path)) if public_path else None
+    if public is None:
+        progress.say(a.images[0], f"cache {value}: no --cache-public-key, so nothing is pulled from it"
+                     + ("; what is built is pushed" if secrets.cache_signing else ""))
+    return SharedCache(Location.parse(value), progress, public, secrets.cache_signing, a.cache_required)
+
+
 def build_with_engine(inv: Invocation, chosen: list[str] | None, record_key: str | None = None) -> int:
     """The pipeline; chosen: --format, checked (commands.building); record_key: the done record this
     build writes when it ends."""
@@ -33,9 +72,14 @@ def build_with_engine(inv: Invocation, chosen: list[str] | None, record_key: str
     secrets = load_secrets(a.secret or [])  # checked before anything is built, before the tree is read
     tree = inv.tree
     with Progress(quiet=a.quiet, live=True) as progress:  # live status on a terminal, plain lines in logs
+        cache = fleet_cache(inv, secrets, progress)
         builder = Builder(tree, inv.config, inv.sets, progress, locked=a.locked, secrets=secrets,
-                          formats=chosen, mirror=offline_mirror(a.offline, a.mirror))
+                          formats=chosen, mirror=offline_mirror(a.offline, a.mirror), cache=cache)
         results = builder.build(a.images, jobs=a.jobs)
+        if cache is not None:
+            f = cache.figures
+            progress.say(a.images[-1], f"cache {cache.location}: {f.pulled} pulled ({f.bytes_pulled / 1e6:.1f} MB), "
+                         f"{f.pushed} pushed ({f.bytes_pushed / 1e6:.1f} MB), {len(f.refused)} refused")
     summary = ["images:"]
     for r in results:
         summary.append(f"  {r.image:<20} {' '.join(r.tags):<40} {r.id[7:19]}  {r.size / 1e6:8.1f} MB")

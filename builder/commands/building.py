@@ -3,6 +3,7 @@ importing the engine client or the pipeline; any other build runs the pipeline (
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def record_key(inv: Invocation) -> str | None:
 
 def build(inv: Invocation) -> int:
     a = inv.args
-    if a.secret or a.offline or a.mirror:  # no record stands for them; secrets are checked before the tree is read
+    # no record stands for these: secrets are checked before the tree is read; a build that signs for
+    # its fleet cache pushes what the cache lacks, one that requires it reaches it
+    if a.secret or a.offline or a.mirror or a.cache_required or os.environ.get("NODEFORGE_FLEET_SIGNING_KEY"):
         from .build import build_with_engine
 
         return build_with_engine(inv, formats(a.format))

@@ -86,18 +86,29 @@ COMMANDS: tuple[Command, ...] = (
         flag("--locked", "fail if package resolution would change the lock"), QUIET,
         arg("--secret", action="append", metavar="NAME=PATH", synopsis="[--secret NAME=PATH]", help="a secret read "
             "in place, never copied into the image: module-signing=PEM with the key and certificate that sign DKMS "
-            "modules"),
+            "modules; cache-signing=PEM with the Ed25519 key that signs what this build pushes to --cache"),
         arg("--format", default=None, metavar="FORMATS", synopsis="[--format FORMATS]", help="node outputs for this "
             f"build only, e.g. {FORMATS[0]} or {','.join(FORMATS[1:])} (overrides outputs.formats)"),
         flag("--offline", "build with no network access at all, from --mirror", synopsis="[--offline --mirror DIR]"),
         arg("--mirror", default=None, metavar="DIR", synopsis="", help="a directory made by `nodeforge "
-            "mirror`, checked against its index before anything is used")), frozenset({TREE, ENGINE}),
+            "mirror`, checked against its index before anything is used"),
+        arg("--cache", default=None, metavar="REGISTRY/REPO", synopsis="[--cache REGISTRY/REPO]",
+            help="the fleet cache (default: the config's site.cache, else none): a key missing here is pulled from "
+            "it, verified; what is built is pushed and signed (with --secret cache-signing=PEM)"),
+        arg("--cache-public-key", default=None, metavar="PEM", synopsis="[--cache-public-key PEM]",
+            help="the Ed25519 public key a pulled entry's signature must verify against (without it nothing is "
+            "pulled)"),
+        flag("--cache-required", "a fleet cache that cannot be reached or answers errors fails the build "
+             "(default: a warning, the build goes on locally)")), frozenset({TREE, ENGINE}),
             doc="build images and the images they build on; independent ones in parallel; writes "
             "nothing tracked: what the lock does not pin is resolved into build/resolved/ and `nodeforge "
             "lock` says how to commit it; -q: no progress lines; --secret "
             "module-signing=PEM: the key that signs DKMS modules (Secure Boot), never copied; --format "
             f"{','.join(FORMATS)}: the node outputs of this build only (a quick loop), instead of the image's "
-            "outputs.formats; --offline --mirror DIR: no network, everything from a mirror"),
+            "outputs.formats; --offline --mirror DIR: no network, everything from a mirror; --cache REGISTRY/REPO "
+            "(or the config's site.cache): keyed images shared through a registry, pulled only when their signature "
+            "verifies against --cache-public-key, pushed and signed with --secret cache-signing=PEM; a registry "
+            "fault is a warning unless --cache-required"),
     Command("mirror", "the locked packages, wheels and bases of images in DIR, for offline builds", "build",
             _R + "build:mirror", (arg("images", nargs="+", metavar="IMAGE... DIR", synopsis="IMAGE... DIR"),
                                   *COMPOSED, QUIET), frozenset({TREE, ENGINE}),

@@ -67,6 +67,8 @@ SUITE = Str(r"[A-Za-z0-9._/-]+", "an apt suite such as bookworm or /", max_len=1
 COMPONENT = Str(r"[A-Za-z0-9._-]+", "an apt component such as main", max_len=128)
 TAG = Str(r"[a-z0-9][a-z0-9._/:-]*", "an image reference such as nodeforge/x:1", max_len=256)
 REGISTRY = Str(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", "host[:port][/path]", max_len=256)
+CACHE_REPOSITORY = Str(r"[a-z0-9.-]+(:[0-9]+)?/[a-z0-9]+(?:[._/-][a-z0-9]+)*", "host[:port]/repository",
+                       max_len=200)
 DIGEST = Str(r"[0-9a-f]{64}", "64 hex digits")
 HOST = Host()
 ADDRESS = Address()

@@ -300,6 +300,8 @@ CONFIG = Struct({
         "power-limit-watts": Field(Int(0, 2000), "per-GPU power limit; 0 keeps the default", default=0),
         "registry": Field(g.REGISTRY,
                           "registry to publish to", default=None),
+        "cache": Field(g.CACHE_REPOSITORY, "the fleet cache: a registry repository keyed images are shared "
+                       "through (`build --cache` overrides it)", default=None),
     }), "site facts, available to templates as site.*", default=None),
     "layers": Field(Struct({
         "node": Field(ListOf(NAME, unique=True), "layers added to every node image built with this config",

@@ -18,10 +18,10 @@ import docker
 
 from .. import debian
 from ..errors import BuildFailed, EnvironmentProblem, UsageError
+from ..fleetcache import cache as fleet
 from ..paths import base_repo
 from ..plan import Base
 from ..progress import Progress, Timer
-from .client import image_exists
 
 PATH = debian.PATH
 CHANGES = list(debian.IMPORT_CHANGES)
@@ -74,15 +74,18 @@ def tarball(base: Base, progress: Progress, image: str) -> Path:
 
 
 def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, tar: Path | None = None,
-           sha256: str | None = None) -> str:
-    """The base in the engine: imported from its cached tarball (made first when missing) or, for an
-    offline build, from tar (a mirror's copy), whose bytes must have `sha256` (the digest the
-    mirror's checked index gives that file): see import_checked."""
+           sha256: str | None = None, shared: fleet.SharedCache | None = None) -> str:
+    """The base in the engine: imported from its cached tarball (made first when missing), pulled
+    from the fleet cache (shared) or, for an offline build, from tar (a mirror's copy), whose bytes
+    must have `sha256` (the digest the mirror's checked index gives that file): see import_checked."""
     ref = base_ref(base)
     assert base.debian is not None
     what = f"debian {base.debian['suite']} {base.debian['variant']}"
-    if image_exists(c, ref):
-        progress.say(image, f"base {what:<28} cached")
+    with Timer() as t:
+        found = fleet.have(c, shared, ref, "base", base.key, image)
+    if found:
+        progress.say(image, f"base {what:<28} {found:<8} {t.seconds:6.1f}s" if found == "pulled"
+                     else f"base {what:<28} cached")
         return ref
     status = "imported" if tar else "built"
     with Timer() as t:
@@ -92,6 +95,7 @@ def ensure(c: docker.DockerClient, base: Base, progress: Progress, image: str, t
         else:
             import_checked(c, base, tar, sha256)
     progress.say(image, f"base {what:<28} {status:<8} {t.seconds:6.1f}s")
+    fleet.built(c, shared, ref, "base", base.key, image)
     return ref
 
 

@@ -26,11 +26,11 @@ import docker
 
 from ..compose.phases import DIVERT_TO, DIVERTED
 from ..errors import BuildFailed
+from ..fleetcache import cache as fleet
 from ..paths import build_dir
 from ..plan import BuildPlan, digest
 from ..progress import Progress, Timer
 from . import cancel
-from .client import image_exists
 from .labels import ROLE_LABEL
 from .steps import engine_build, step_ref
 
@@ -125,17 +125,17 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, progress: Progress,
-         log_dir: Path, parent: Parent | None = None) -> tuple[str, str, str]:
+         log_dir: Path, parent: Parent | None = None, shared: fleet.SharedCache | None = None) -> tuple[str, str, str]:
     """The node image with its initramfs: (ref, content key of the result, what happened: cached (the
-    whole step), reused (the initramfs of the same inputs linked in) or built)."""
+    whole step), pulled (the whole step, from the fleet cache), reused (the initramfs of the same
+    inputs linked in) or built)."""
     ikey = inputs_key(plan, parent)
     final_key = digest({"content": plan.key, "initramfs": ikey})
     tag = step_ref(final_key)
     cache = _cache_dir(root, ikey)
     with Timer() as t:
-        status = "cached"
-        if not image_exists(c, tag):
-            status = "reused"
+        status = fleet.have(c, shared, tag, "step", final_key, plan.image) or "reused"
+        if status == "reused":
             if not cache.is_dir():
                 progress.say(plan.image, f"initramfs generating ... (inputs {ikey[:12]} not built before)")
                 _generate(c, content_ref, plan.base.epoch, cache)
@@ -149,5 +149,6 @@ def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, 
                               f"(inputs {ikey})\nCOPY boot/ /boot/\n"
                               f"RUN [\"/bin/sh\", \"-c\", {json.dumps(_FINISH)}]\n")
                 engine_build(c, Path(tmp), dockerfile, tag, log_dir / "initramfs.log", network_mode="none")
+            fleet.built(c, shared, tag, "step", final_key, plan.image)
     progress.say(plan.image, f"initramfs (after the last layer)  {status:<8} {t.seconds:6.1f}s  {ikey[:12]}")
     return tag, final_key, status

@@ -23,13 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildFailed, UsageError
+from ..fleetcache.signature import SigningKey as CacheSigningKey
 
 MAGIC = b"~Module signature appended~\n"
 PKEY_ID_PKCS7 = 2
 SIGNATURE_INFO = struct.Struct(">BBBBB3xI")  # algo, hash, id_type, signer_len, key_id_len, pad[3], sig_len
 CERTIFICATE_IN_TREE = "var/lib/nodeforge/module-signing.der"
 PASSPHRASE_ENV = "NODEFORGE_MODULE_SIGNING_PASSPHRASE"
-SECRETS = {"module-signing": "PEM file with the private key and X.509 certificate that sign the DKMS modules"}
+SECRETS = {"module-signing": "PEM file with the private key and X.509 certificate that sign the DKMS modules",
+           "cache-signing": "PEM file with the Ed25519 private key that signs what this build pushes to the fleet "
+                            "cache (--cache)"}
 MAX_KEY_FILE = 1024 * 1024
 COMPRESSED = (".ko.xz", ".ko.zst", ".ko.gz")
 
@@ -94,6 +97,7 @@ class Secrets:
     """What `--secret NAME=PATH` gave: loaded and checked, never copied."""
 
     module_signing: SigningKey | None = None
+    cache_signing: CacheSigningKey | None = None
 
 
 def load_secrets(values: list[str]) -> Secrets:
@@ -109,8 +113,9 @@ def load_secrets(values: list[str]) -> Secrets:
         if name in paths:
             raise UsageError(f"--secret {name} given twice; give it once")
         paths[name] = Path(path)
-    key = paths.get("module-signing")
-    return Secrets(module_signing=SigningKey.load(key) if key else None)
+    key, cache = paths.get("module-signing"), paths.get("cache-signing")
+    return Secrets(module_signing=SigningKey.load(key) if key else None,
+                   cache_signing=CacheSigningKey.load(cache) if cache else None)
 
 
 def _read_key_file(path: Path, what: str) -> bytes:
