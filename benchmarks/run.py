@@ -38,11 +38,13 @@ def main() -> int:
     print("== no-op rebuild: nodeforge build images/node-minimal.yaml -c default (whole command, warm engine)")
     print(f"   runs {len(times)}: median {med:.2f}s, min {min(times):.2f}s, max {max(times):.2f}s "
           f"(target < 2 s: {'met' if med < 2 else 'MISSED'})")
-    for name, title in (("build_loop", "build loop of node-minimal: cold, one sysctl value changed, no change"),
+    for name, title in (("build_loop", "build loop of node-minimal and gpu-node: cold, one sysctl value changed, "
+                                      "no change"),
                         ("boot", "boot time to verdict per mode"), ("cuda_sizes", "CUDA image sizes"),
                         ("gpu_health", "GPU health check (Slurm kills it after 60 s; the goal is under 5 s)"),
                         ("fleet_cache", "fleet cache: node-minimal cold, then on an empty second engine, "
-                                        "cache warm")):
+                                        "cache warm"),
+                        ("fleet_variants", "fleet cache: three gpu-node variants from empty engine caches")):
         try:
             mod = importlib.import_module(f"benchmarks.{name}")
         except ModuleNotFoundError:

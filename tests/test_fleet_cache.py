@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,17 +148,22 @@ def test_a_tampered_entry_is_refused_and_rebuilt_and_the_result_is_the_same(
 
 class _DiesAfter(http.server.BaseHTTPRequestHandler):
     """A proxy to the registry that goes down (closes every connection, answers nothing) at the
-    second signature lookup: the base came from the cache, the rest of the build finds it down."""
+    second signature lookup: the base came from the cache, the rest of the build finds it down.
+    With `stall` set it answers that lookup only after `stall` seconds instead (a slow registry)."""
 
     upstream = ""
     lookups = 0
+    stall = 0.0
     dead = threading.Event()
 
     def _forward(self) -> None:
         if self.path.endswith(".sig") and "/manifests/" in self.path:
             type(self).lookups += 1
             if type(self).lookups >= 2:
-                type(self).dead.set()
+                if self.stall:
+                    time.sleep(self.stall)
+                else:
+                    type(self).dead.set()
         if type(self).dead.is_set():
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -184,9 +190,12 @@ class _DiesAfter(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_registry_down_mid_build_leaves_the_build_to_finish_locally_with_a_warning(
-        fleet: Fleet, tmp_path: Path) -> None:
-    _DiesAfter.upstream = fleet.cache.split("/")[0]
+@pytest.mark.parametrize("stall, says", [(0.0, "Connection reset|Remote end closed|refused|EOF|reset by peer"),
+                                         (15.0, "timed out")], ids=["down", "slow"])
+def test_a_registry_down_or_slow_mid_build_leaves_the_build_to_finish_locally_with_a_warning(
+        fleet: Fleet, tmp_path: Path, stall: float, says: str) -> None:
+    _DiesAfter.upstream, _DiesAfter.stall, _DiesAfter.lookups = fleet.cache.split("/")[0], stall, 0
+    _DiesAfter.dead.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DiesAfter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     proxy = f"127.0.0.1:{server.server_address[1]}/fleet"
@@ -198,10 +207,10 @@ def test_a_registry_down_mid_build_leaves_the_build_to_finish_locally_with_a_war
         assert pushed.returncode == 0, pushed.stderr[-2000:]
         p = _build(["container-base", "--cache", proxy, "--cache-public-key", str(fleet.pub)], tmp_path / "down",
                    NODEFORGE_CACHE_NAMESPACE=f"fleetdown2{os.getpid()}")
-        assert _DiesAfter.dead.is_set()
+        assert _DiesAfter.lookups >= 2 and _DiesAfter.dead.is_set() == (not stall)
         assert p.returncode == 0, p.stderr[-3000:]
         assert re.search(rf"warning: cache {re.escape(proxy)}: registry 127.0.0.1:\d+: GET /v2/fleet/manifests/step-"
-                         r"[0-9a-f]+\.sig: .*; the build goes on locally", p.stderr), p.stderr
+                         rf"[0-9a-f]+\.sig: .*({says}).*; the build goes on locally", p.stderr), p.stderr
         assert "base debian bookworm minbase      pulled" in p.stderr
         assert p.stderr.count("warning: cache") == 1  # one warning, then the cache is left alone
         assert [s[1] for s in STEP_LINE.findall(p.stderr)] == ["built", "built"]

@@ -20,13 +20,16 @@ alone for the rest of the build, which goes on locally; with `required` the faul
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from ..errors import BuildFailed
 from ..progress import Progress
@@ -38,6 +41,7 @@ STATEMENT_TYPE = "application/vnd.nodeforge.cache-statement.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 SIGNATURE_ANNOTATION = "io.nodeforge.signature"
 VERSION = 1
+STALL_SECONDS = 120  # an engine pull or push that reports no progress this long is a fault (a stalled registry)
 
 
 def entry_name(kind: str, key: str) -> str:
@@ -64,6 +68,20 @@ class Figures:
     def to_json(self) -> dict[str, Any]:
         return {"pulled": self.pulled, "pushed": self.pushed, "refused": list(self.refused),
                 "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed}
+
+
+@contextlib.contextmanager
+def _stall_limit(c: docker.DockerClient) -> Iterator[None]:
+    """The engine call's socket timeout lowered to STALL_SECONDS while it pulls or pushes (each
+    build thread has a client of its own)."""
+    before = c.api.timeout
+    c.api.timeout = STALL_SECONDS
+    try:
+        yield
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, TimeoutError) as e:
+        raise RegistryFault(f"the engine's transfer stalled or broke off ({type(e).__name__})") from None
+    finally:
+        c.api.timeout = before
 
 
 def _layer_statuses(chunks: Any, what: str) -> dict[str, str]:
@@ -124,8 +142,9 @@ class SharedCache:
             if signed is None:
                 return False
             image_id, manifest, manifest_digest = signed
-            statuses = _layer_statuses(c.api.pull(f"{self.location}@{manifest_digest}", stream=True, decode=True),
-                                       f"registry {self.location.host}: pulling {entry}")
+            with _stall_limit(c):
+                statuses = _layer_statuses(c.api.pull(f"{self.location}@{manifest_digest}", stream=True,
+                                                      decode=True), f"registry {self.location.host}: pulling {entry}")
             pulled = f"{self.location}@{manifest_digest}"
             got = c.api.inspect_image(pulled)["Id"]
             if got != image_id:  # the engine's content is not what was signed: never tagged
@@ -206,8 +225,9 @@ class SharedCache:
             image_id, diff_ids = info["Id"], list((info.get("RootFS") or {}).get("Layers") or [])
             c.api.tag(local_ref, str(self.location), entry)
             try:
-                statuses = _layer_statuses(c.api.push(str(self.location), tag=entry, stream=True, decode=True),
-                                           f"registry {self.location.host}: pushing {entry}")
+                with _stall_limit(c):
+                    statuses = _layer_statuses(c.api.push(str(self.location), tag=entry, stream=True, decode=True),
+                                               f"registry {self.location.host}: pushing {entry}")
             finally:
                 try:
                     c.api.remove_image(remote)
