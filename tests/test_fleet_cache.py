@@ -153,13 +153,14 @@ class _DiesAfter(http.server.BaseHTTPRequestHandler):
 
     upstream = ""
     lookups = 0
+    die_at = 2  # the signature lookup it goes down (or stalls) at; 0: never
     stall = 0.0
     dead = threading.Event()
 
     def _forward(self) -> None:
         if self.path.endswith(".sig") and "/manifests/" in self.path:
             type(self).lookups += 1
-            if type(self).lookups >= 2:
+            if self.die_at and type(self).lookups >= self.die_at:
                 if self.stall:
                     time.sleep(self.stall)
                 else:
@@ -219,6 +220,39 @@ def test_a_registry_down_or_slow_mid_build_leaves_the_build_to_finish_locally_wi
         for ns in (f"fleetdown{os.getpid()}", f"fleetdown2{os.getpid()}"):
             from support.engine import remove_namespace
             remove_namespace(ns)
+
+
+class _Full(_DiesAfter):
+    """A registry that is full: reads answer, every upload (POST, PUT, PATCH) is HTTP 507."""
+
+    die_at = 0
+    dead = threading.Event()
+
+    def _refuse(self) -> None:
+        self.send_response(507, "Insufficient Storage")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_PATCH = _refuse
+
+
+def test_a_full_registry_leaves_the_push_undone_and_the_build_done(fleet: Fleet, tmp_path: Path) -> None:
+    _Full.upstream = fleet.cache.split("/")[0]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Full)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"127.0.0.1:{server.server_address[1]}/fleet"
+    namespace = f"fleetfull{os.getpid()}"
+    try:
+        p = _build(["container-base", "--cache", proxy, "--secret", f"cache-signing={fleet.key}"], tmp_path / "b",
+                   NODEFORGE_CACHE_NAMESPACE=namespace)
+    finally:
+        server.shutdown()
+        from support.engine import remove_namespace
+        remove_namespace(namespace)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert re.search(rf"warning: cache {re.escape(proxy)}: .*(507|Insufficient Storage).*; the build goes on locally",
+                     p.stderr), p.stderr
+    assert re.search(r"cache \S+: 0 pulled \([\d.]+ MB\), 0 pushed", p.stderr)
 
 
 def test_cache_required_makes_an_unreachable_registry_an_error(tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ def _layers(tree: Tree, image: Image, config: Config | None, parent: BuildPlan |
     extra = tuple(config.data["layers"][image.data["kind"]]) if config else ()
     order = resolve(tree, image, inherited, out, extra, config).order
     out.raise_if_any()
-    settings = resolve_params(tree, order, image, config, sets, out)
+    settings = resolve_params(tree, order, image, config, sets, out, release_of(tree, image))
     out.raise_if_any()
     return inherited, order, settings
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..checks.registry import check
-from ..definitions.load import Config, Image, Param, Tree, known
+from ..definitions.load import Config, Image, Layer, Param, Tree, known
 from ..definitions.yamlsrc import load_text
 from ..errors import Collector, DefinitionError, NodeforgeError, UsageError
 
@@ -136,14 +136,21 @@ def _list_syntax(lname: str, pname: str, on_command_line: bool) -> str:
             "empties it")
 
 
+def _default(layer: Layer, p: Param, release: str) -> Setting:
+    value, applied = p.default_for(release)
+    if applied:
+        line = layer.line("params", p.name, "by-release", applied) or "?"
+        return Setting(layer.name, p.name, value, f"default for {applied} ({layer.file}:{line})")
+    return Setting(layer.name, p.name, value, f"default ({layer.file}:{layer.line('params', p.name) or '?'})")
+
+
 def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Config | None,
-                   sets: Overrides, out: Collector) -> dict[str, dict[str, Setting]]:
+                   sets: Overrides, out: Collector, release: str = "") -> dict[str, dict[str, Setting]]:
+    """release: the image's Debian release, which picks a parameter's by-release default."""
     result: dict[str, dict[str, Setting]] = {}
     for name in order:
         layer = tree.layers[name]
-        result[name] = {p.name: Setting(name, p.name, p.default,
-                                        f"default ({layer.file}:{layer.line('params', p.name) or '?'})")
-                        for p in layer.params.values()}
+        result[name] = {p.name: _default(layer, p, release) for p in layer.params.values()}
 
     for lname, pname, value, source, line, file in _levels(tree, image, config, sets, out):
         found = tree.layers.get(lname)
@@ -164,7 +171,7 @@ def resolve_params(tree: Tree, order: tuple[str, ...], image: Image, config: Con
             out.add(file, line, f"{lname}.{pname}", why, f"{param.doc} ({param.bounds()})", PARAM_VALUE.name)
             continue
         if lname in result:  # a config may carry values for layers this image does not use
-            _apply(result[lname], param, lname, value, source, line, file, out)
+            _apply(result[lname], param, lname, value, source, line, file, out, release)
     return result
 
 
@@ -194,12 +201,12 @@ def _levels(tree: Tree, image: Image, config: Config | None, sets: Overrides,
 
 
 def _apply(settings: dict[str, Setting], param: Param, lname: str, value: Any, source: str, line: int | None,
-           file: str, out: Collector) -> None:
+           file: str, out: Collector, release: str = "") -> None:
     """One value over the lower levels' setting of its parameter (merge rules in the module doc)."""
     pname = param.name
     current = settings[pname]
     if value is None:
-        reset = [] if param.type == "list" else param.default
+        reset = [] if param.type == "list" else param.default_for(release)[0]
         settings[pname] = Setting(lname, pname, reset, f"reset by {source}")
         return
     on_command_line = file == "command line"

@@ -50,6 +50,14 @@ class Param:
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None
     items: str | None = None  # a list's item type (str, int, float, bool, path, ...); None: any scalar
+    by_release: tuple[tuple[str, Any], ...] = ()  # (Debian release, its default), checked like the default
+
+    def default_for(self, release: str) -> tuple[Any, str]:
+        """(the default for an image on this release, the release whose value it is or "")."""
+        for name, value in self.by_release:
+            if name == release:
+                return value, name
+        return self.default, ""
 
     def coerce(self, value: Any) -> tuple[Any, str]:
         """Return (value, "") or (None, what was wrong)."""
@@ -262,7 +270,16 @@ def _params(layer: str, rel: str, where: Definition, data: dict[str, Any], out: 
             out.add(rel, where.line("params", pname, "default"),
                     f"params.{pname}.default", why)
             continue
-        params[pname] = Param(pname, ptype, value, p["doc"], param.min, param.max, choices, param.pattern, items)
+        by_release: list[tuple[str, Any]] = []
+        for release, given in (p.get("by-release") or {}).items():
+            checked, why = param.coerce(given)
+            if why:
+                out.add(rel, where.line("params", pname, "by-release", release), f"params.{pname}.by-release.{release}",
+                        why, f"the value for an image on {release}: {param.bounds()}")
+                continue
+            by_release.append((release, checked))
+        params[pname] = Param(pname, ptype, value, p["doc"], param.min, param.max, choices, param.pattern, items,
+                              tuple(by_release))
     return params
 
 

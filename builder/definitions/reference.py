@@ -64,6 +64,7 @@ def layer(tree: Tree, name: str) -> str:
     for p in found.params.values():
         default = json.dumps(p.default, ensure_ascii=False)
         extra = f"; pattern {p.pattern}" if p.pattern else ""
+        extra += "".join(f"; on {r} {json.dumps(v, ensure_ascii=False)}" for r, v in p.by_release)
         out.append(f"  {p.name:<{width}}  {p.bounds()}, default {default}{extra}")
         out.append(f"  {'':<{width}}  {p.doc}")
     out.append(f"  set with: a config's params.{found.name}.<param>, an image's layers: [{{{found.name}: {{<param>: "

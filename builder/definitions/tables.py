@@ -123,6 +123,9 @@ TEST = Struct({
     **{k: Field(v, f"a {k} check") for k, v in TEST_KINDS.items()},
 }, "a test", one_of=tuple(TEST_KINDS))
 
+RELEASES = ("bookworm", "trixie")  # the Debian releases an image may bootstrap
+RELEASE_NAME = Str("|".join(RELEASES), "one of " + ", ".join(RELEASES))
+
 PARAM = Struct({
     "type": Field(Enum(("int", "str", "bool", "float", *g.PARAM_TYPES, "list", "list[str]", "list[int]",
                         "list[float]", "list[bool]", *(f"list[{t}]" for t in g.PARAM_TYPES))),
@@ -133,6 +136,9 @@ PARAM = Struct({
     "items": Field(Enum(("str", "int", "float", "bool", *g.PARAM_TYPES)), "item type of a list (type: list); "
                    "a list without it holds any scalars", default=None),
     "default": Field(AnyValue(), "default value", required=True),
+    "by-release": Field(MapOf(RELEASE_NAME, AnyValue()), "the default for an image built on this Debian "
+                        "release (the suite its base bootstraps); `default` for one not listed. `plan --explain` "
+                        "names the release whose value applied", default=None),
     "doc": Field(g.TEXT, "what the parameter does", required=True),
     "min": Field(Int(), "smallest allowed value (int, float; each item of a list)", default=None),
     "max": Field(Int(), "largest allowed value (int, float; each item of a list)", default=None),
@@ -239,7 +245,7 @@ LAYER = Struct({
 }, "a layer definition")
 
 DEBIAN = Struct({
-    "suite": Field(Enum(("bookworm", "trixie")), "Debian suite", required=True),
+    "suite": Field(Enum(RELEASES), "Debian suite", required=True),
     "mirror": Field(Str(r"https?://\S+", "an http(s) URL"), "Debian mirror", default="http://deb.debian.org/debian"),
     "security": Field(Str(r"(https?://\S+)?", "an http(s) URL or empty"),
                       "Debian security archive: SUITE-security (same components) is a source of the base beside the "
