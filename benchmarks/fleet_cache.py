@@ -42,7 +42,8 @@ def _build(env: dict[str, str], *extra: str) -> tuple[float, str]:
     return seconds, p.stderr
 
 
-def _cache_figures(lines: str) -> dict[str, float]:
+def cache_figures(lines: str) -> dict[str, float]:
+    """The figures a build with --cache ends with (its `cache ...: N pulled ...` line)."""
     m = _FIGURES.search(lines)
     if not m:
         return {}
@@ -53,6 +54,7 @@ def _cache_figures(lines: str) -> dict[str, float]:
 def measure() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.engine import remove_namespace
+    from support.keys import ed25519_pair
     from support.registry import local_registry
     from support.second_engine import second_engine
 
@@ -61,11 +63,7 @@ def measure() -> dict[str, Any]:
     namespace = f"benchfleet{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="nodeforge-bench-fleet-") as tmp_name:
         tmp = Path(tmp_name)
-        key, pub = tmp / "cache.pem", tmp / "cache.pub"
-        subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True,
-                       capture_output=True)
-        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True,
-                       capture_output=True)
+        key, pub = ed25519_pair(tmp)
         (tmp / "registry").mkdir()
         figures: dict[str, Any] = {}
         try:
@@ -76,14 +74,14 @@ def measure() -> dict[str, Any]:
                 seconds, _ = _build(env)
                 figures["cold"] = {"seconds": round(seconds, 2)}
                 seconds, lines = _build(env, "--cache", cache, "--secret", f"cache-signing={key}")
-                figures["push"] = {"seconds": round(seconds, 2), **_cache_figures(lines)}
+                figures["push"] = {"seconds": round(seconds, 2), **cache_figures(lines)}
                 with second_engine(tmp) as engine:
                     env_b = {**env, "DOCKER_HOST": engine, "NODEFORGE_BUILD_DIR": str(tmp / "b"),
                              "NODEFORGE_CACHE": str(tmp / "b-host-cache")}
                     seconds, lines = _build(env_b, "--cache", cache, "--cache-public-key", str(pub))
                     steps = len(re.findall(r"building \.\.\.|generating \.\.\.", lines))
                     figures["warm"] = {"seconds": round(seconds, 2), "engine_steps_run": steps,
-                                       **_cache_figures(lines)}
+                                       **cache_figures(lines)}
                     figures["warm"]["stages"] = stages(lines)
         finally:
             remove_namespace(namespace)

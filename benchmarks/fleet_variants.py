@@ -24,7 +24,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 WIDTHS = (40, 12, 16, 56)
 CONFIGS = ("default", "dgx-h100", "v100-slurm")
-_FIGURES = re.compile(r"cache \S+: (\d+) pulled \(([\d.]+) MB\), (\d+) pushed \(([\d.]+) MB\), (\d+) refused")
 _KEYED = re.compile(r"^\[gpu-node\] (layer \d+/\d+ \S+|initramfs \(after the last layer\)|base debian \S+ \S+)\s+"
                     r"(cached|pulled|built|reused|imported)\b", re.M)
 
@@ -41,7 +40,9 @@ def _variant(tmp: Path, config: str, cache: str, key: Path, pub: Path, sets: lis
     seconds = time.monotonic() - start
     if p.returncode != 0:
         raise SystemExit(f"gpu-node -c {config} failed:\n{p.stderr[-3000:]}")
-    m = _FIGURES.search(p.stderr)
+    from benchmarks.fleet_cache import cache_figures
+
+    cached = cache_figures(p.stderr)
     keys = sorted({fp["key"] for state in (build / "state").glob("*.json")
                    for fp in json.loads(state.read_text()).values()})
     found = _KEYED.findall(p.stderr)
@@ -51,24 +52,20 @@ def _variant(tmp: Path, config: str, cache: str, key: Path, pub: Path, sets: lis
             "engine_builds": len(list((build / "logs").rglob("*.log"))),
             "steps_built": statuses.count("built"), "steps_pulled": statuses.count("pulled"), "layer_keys": keys,
             "base": other.get("base", "?"), "initramfs": other.get("initramfs", "?"),
-            "pulled": int(m.group(1)) if m else 0, "mb_pulled": float(m.group(2)) if m else 0.0,
-            "pushed": int(m.group(3)) if m else 0, "mb_pushed": float(m.group(4)) if m else 0.0}
+            "pulled": 0, "mb_pulled": 0.0, "pushed": 0, "mb_pushed": 0.0, **cached}
 
 
 def measure() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.engine import remove_namespace
+    from support.keys import ed25519_pair
     from support.offline import offline_sets, offline_sources
     from support.registry import local_registry
 
     variants: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="nodeforge-bench-variants-") as tmp_name:
         tmp = Path(tmp_name)
-        key, pub = tmp / "cache.pem", tmp / "cache.pub"
-        subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True,
-                       capture_output=True)
-        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True,
-                       capture_output=True)
+        key, pub = ed25519_pair(tmp)
         (tmp / "registry").mkdir()
         try:
             with local_registry(tmp / "registry") as registry, offline_sources() as base:

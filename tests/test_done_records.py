@@ -74,3 +74,14 @@ def test_what_the_record_cannot_see_through_always_runs_the_pipeline(root: Path,
     assert NOOP not in _build(root, capsys, "--set", "base.tools=[procps, kmod]")[1]
     assert NOOP not in _build(root, capsys)[1]
     assert NOOP in _build(root, capsys)[1]
+
+
+def test_a_build_whose_lock_pins_too_little_answers_from_its_record_with_the_kept_resolution(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The lock file does not pin a --set build's packages: the build resolves into build/resolved/;
+    the same build again composes with that resolution, as the pipeline would, and is a no-op (as
+    gpu-node is, built with the offline-source --set values)."""
+    changed = ("--set", "base.tools=[procps, kmod, iproute2]")
+    _build(root, capsys, *changed)
+    assert NOOP in _build(root, capsys, *changed)[1]
+    assert NOOP not in _build(root, capsys)[1]  # the plain tags back

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from support.keys import ed25519_pair
 from support.registry import local_registry
 from support.second_engine import second_engine
 
@@ -33,13 +34,6 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
 NODE = ["node-minimal", "-c", "default"]
 STEP_LINE = re.compile(r"layer \d+/\d+ (\S+)\s+(cached|pulled|built)\s+[\d.]+s\s+([0-9a-f]{12})")
-
-
-def _keys(d: Path, name: str) -> tuple[Path, Path]:
-    key, pub = d / f"{name}.pem", d / f"{name}.pub"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, capture_output=True)
-    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
-    return key, pub
 
 
 def _build(args: list[str], build_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -65,7 +59,7 @@ def _digest(build_dir: Path) -> str:
 class Fleet:
     def __init__(self, tmp: Path, registry: str) -> None:
         self.tmp, self.cache = tmp, f"{registry}/fleet"
-        self.key, self.pub = _keys(tmp, "fleet")
+        self.key, self.pub = ed25519_pair(tmp, "fleet")
         self.a = tmp / "a"
 
 
@@ -108,7 +102,7 @@ def test_engine_b_builds_what_a_pushed_without_one_engine_step(fleet: Fleet, tmp
         assert tag and tag == here  # the final engine image too: the same id on both engines
 
 
-def _step_keys(build_dir: Path) -> dict[str, str]:
+def _steped25519_pair(build_dir: Path) -> dict[str, str]:
     """layer -> its full step key, from the build's fingerprints."""
     state = json.loads(next((build_dir / "state").glob("node-minimal*.json")).read_text())
     return {layer: fp["key"] for layer, fp in state.items()}
@@ -116,7 +110,7 @@ def _step_keys(build_dir: Path) -> dict[str, str]:
 
 def test_a_tampered_entry_is_refused_and_rebuilt_and_the_result_is_the_same(
         fleet: Fleet, tmp_path: Path, docker_client: docker.DockerClient) -> None:
-    keys = _step_keys(fleet.a)
+    keys = _steped25519_pair(fleet.a)
     location = Location.parse(fleet.cache)
     # the attack: other content under the monitoring step's key (the base image, pushed by this engine)
     poisoned = entry_name("step", keys["monitoring"])
@@ -128,7 +122,7 @@ def test_a_tampered_entry_is_refused_and_rebuilt_and_the_result_is_the_same(
     finally:
         docker_client.api.remove_image(f"{location}:{poisoned}")
     # and the right content under the kernel-args key, signed by a key that is not the fleet's
-    other_key, _ = _keys(tmp_path, "other")
+    other_key, _ = ed25519_pair(tmp_path, "other")
     forged = SharedCache(location, Progress(quiet=True), signing=SigningKey.load(other_key))
     kernel_args = entry_name("step", keys["kernel-args"])
     forged.store(docker_client, f"nodeforge-cache:{keys['kernel-args']}", kernel_args, "node-minimal")
@@ -259,7 +253,7 @@ def test_cache_required_makes_an_unreachable_registry_an_error(tmp_path: Path) -
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _, pub = _keys(tmp_path, "k")
+    _, pub = ed25519_pair(tmp_path, "k")
     p = _build(["container-base", "--cache", f"127.0.0.1:{port}/fleet", "--cache-public-key", str(pub),
                 "--cache-required"], tmp_path / "b", NODEFORGE_CACHE_NAMESPACE=f"fleetreq{os.getpid()}")
     assert p.returncode != 0

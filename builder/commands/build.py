@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import done, lockfile
@@ -65,9 +66,10 @@ def fleet_cache(inv: Invocation, secrets: Secrets, progress: Progress) -> Shared
     return SharedCache(Location.parse(value), progress, public, secrets.cache_signing, a.cache_required)
 
 
-def build_with_engine(inv: Invocation, chosen: list[str] | None, record_key: str | None = None) -> int:
+def build_with_engine(inv: Invocation, chosen: list[str] | None,
+                      record_key: str | Callable[[], str | None] | None = None) -> int:
     """The pipeline; chosen: --format, checked (commands.building); record_key: the done record this
-    build writes when it ends."""
+    build writes when it ends (a callable: computed then, from what the build resolved)."""
     a = inv.args
     secrets = load_secrets(a.secret or [])  # checked before anything is built, before the tree is read
     tree = inv.tree
@@ -88,6 +90,8 @@ def build_with_engine(inv: Invocation, chosen: list[str] | None, record_key: str
                 path = r.node.path(role)
                 summary.append(f"    {role:<8} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
     print("\n".join(summary))
+    if callable(record_key):
+        record_key = record_key()
     if record_key is not None:  # the next build of the same inputs answers from this
         done.write(tree.root, record_key, {t: r.id for r in results for t in r.tags},
                    [build_dir(tree.root) / "images" / output_name(r.plan) for r in results], summary)

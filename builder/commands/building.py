@@ -25,13 +25,19 @@ def formats(value: str | None) -> list[str] | None:
 
 def record_key(inv: Invocation) -> str | None:
     """The done record's name for this invocation, or None where the fast path cannot see through."""
-    from ..compose.image import compose
+    from .. import lockfile
+    from ..compose.image import Memo, compose
+    from ..compose.variants import as_built
     from ..engine.labels import git_revision, git_source
 
     a = inv.args
-    plans = [compose(inv.tree, ref, inv.config, inv.sets) for ref in a.images]
-    if not done.eligible(plans):
-        return None
+    memo: Memo = {}
+    plans = [compose(inv.tree, ref, inv.config, inv.sets, memo=memo) for ref in a.images]
+    if not done.eligible(plans):  # a lock pins too little: the build composes with what it kept under build/resolved/
+        kept = lockfile.kept_resolutions(inv.tree.root)
+        plans = [as_built(inv.tree, p.image, inv.config, inv.sets, memo, kept) for p in plans]
+        if not done.eligible(plans):
+            return None
     root = inv.tree.root
     return done.key(root, [p.image for p in plans], plans, inv.config, list(a.set or []), formats(a.format),
                     git_revision(root), git_source(root))
@@ -57,4 +63,5 @@ def build(inv: Invocation) -> int:
         return 0
     from .build import build_with_engine
 
-    return build_with_engine(inv, formats(inv.args.format), key)
+    # no key: a lock pinned too little before this build resolved it; composed again once it has
+    return build_with_engine(inv, formats(inv.args.format), key if key else lambda: record_key(inv))

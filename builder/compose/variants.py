@@ -52,7 +52,7 @@ def chain(tree: Tree, plan: BuildPlan, config: str | None, sets: Overrides, memo
     """The plan and the plans of the images it builds on, the first parent first."""
     plans = [plan]
     while plans[0].base.kind == "image":
-        plans.insert(0, _as_built(tree, plans[0].base.image or "", config, sets, memo, kept or {}))
+        plans.insert(0, as_built(tree, plans[0].base.image or "", config, sets, memo, kept or {}))
     return plans
 
 
@@ -67,7 +67,7 @@ def steps_of(plans: list[BuildPlan]) -> list[Step]:
     return out
 
 
-def _as_built(tree: Tree, name: str, config: str | None, sets: Overrides, memo: Memo,
+def as_built(tree: Tree, name: str, config: str | None, sets: Overrides, memo: Memo,
               kept: dict[str, lockfile.Lock]) -> BuildPlan:
     """The plan a build composes: with the lock files, or, where they pin too little, with the
     resolution an earlier build kept under build/resolved/ when it pins every layer (as the build
@@ -90,7 +90,7 @@ def variants(tree: Tree, images: list[str], configs: list[str | None] | None, se
     for ref in images:
         name = tree.image(ref).name
         for config in chosen:
-            plan = _as_built(tree, name, config, sets, memo, kept)
+            plan = as_built(tree, name, config, sets, memo, kept)
             if (same := seen.get((plan.key, plan.tags))) is not None:
                 if config not in same.same_as and config != same.plan.config:
                     same.same_as.append(config)

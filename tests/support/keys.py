@@ -23,3 +23,12 @@ def make_key(d: Path, cn: str = CN, passphrase: str | None = None) -> tuple[Path
                    str(cert), *(["-passin", f"pass:{passphrase}"] if passphrase else [])).returncode == 0
     both.write_bytes(key.read_bytes() + cert.read_bytes())
     return key, cert, both
+
+
+def ed25519_pair(d: Path, name: str = "cache") -> tuple[Path, Path]:
+    """(NAME.pem, NAME.pub): an Ed25519 key pair, as the fleet cache signs and verifies with."""
+    d.mkdir(parents=True, exist_ok=True)
+    key, pub = d / f"{name}.pem", d / f"{name}.pub"
+    assert openssl("genpkey", "-algorithm", "ed25519", "-out", str(key)).returncode == 0
+    assert openssl("pkey", "-in", str(key), "-pubout", "-out", str(pub)).returncode == 0
+    return key, pub
