@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,35 +53,29 @@ def cache_figures(lines: str) -> dict[str, float]:
 def measure() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.engine import remove_namespace
-    from support.keys import ed25519_pair
-    from support.registry import local_registry
+    from support.registry import signed_cache
     from support.second_engine import second_engine
 
     from benchmarks.build_loop import stages
 
     namespace = f"benchfleet{os.getpid()}"
-    with tempfile.TemporaryDirectory(prefix="nodeforge-bench-fleet-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, pub = ed25519_pair(tmp)
-        (tmp / "registry").mkdir()
-        figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {}
+    with signed_cache("nodeforge-bench-fleet-") as (tmp, key, pub, cache):
         try:
-            with local_registry(tmp / "registry") as registry:
-                cache = f"{registry}/fleet"
-                env = {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp / "a"), "NODEFORGE_CACHE_NAMESPACE": namespace,
-                       "NODEFORGE_CACHE": str(tmp / "a-host-cache")}
-                seconds, _ = _build(env)
-                figures["cold"] = {"seconds": round(seconds, 2)}
-                seconds, lines = _build(env, "--cache", cache, "--secret", f"cache-signing={key}")
-                figures["push"] = {"seconds": round(seconds, 2), **cache_figures(lines)}
-                with second_engine(tmp) as engine:
-                    env_b = {**env, "DOCKER_HOST": engine, "NODEFORGE_BUILD_DIR": str(tmp / "b"),
-                             "NODEFORGE_CACHE": str(tmp / "b-host-cache")}
-                    seconds, lines = _build(env_b, "--cache", cache, "--cache-public-key", str(pub))
-                    steps = len(re.findall(r"building \.\.\.|generating \.\.\.", lines))
-                    figures["warm"] = {"seconds": round(seconds, 2), "engine_steps_run": steps,
-                                       **cache_figures(lines)}
-                    figures["warm"]["stages"] = stages(lines)
+            env = {**os.environ, "NODEFORGE_BUILD_DIR": str(tmp / "a"), "NODEFORGE_CACHE_NAMESPACE": namespace,
+                   "NODEFORGE_CACHE": str(tmp / "a-host-cache")}
+            seconds, _ = _build(env)
+            figures["cold"] = {"seconds": round(seconds, 2)}
+            seconds, lines = _build(env, "--cache", cache, "--secret", f"cache-signing={key}")
+            figures["push"] = {"seconds": round(seconds, 2), **cache_figures(lines)}
+            with second_engine(tmp) as engine:
+                env_b = {**env, "DOCKER_HOST": engine, "NODEFORGE_BUILD_DIR": str(tmp / "b"),
+                         "NODEFORGE_CACHE": str(tmp / "b-host-cache")}
+                seconds, lines = _build(env_b, "--cache", cache, "--cache-public-key", str(pub))
+                steps = len(re.findall(r"building \.\.\.|generating \.\.\.", lines))
+                figures["warm"] = {"seconds": round(seconds, 2), "engine_steps_run": steps,
+                                   **cache_figures(lines)}
+                figures["warm"]["stages"] = stages(lines)
         finally:
             remove_namespace(namespace)
     figures["ratio"] = round(figures["warm"]["seconds"] / figures["cold"]["seconds"], 3)

@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,19 +57,15 @@ def _variant(tmp: Path, config: str, cache: str, key: Path, pub: Path, sets: lis
 def measure() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.engine import remove_namespace
-    from support.keys import ed25519_pair
     from support.offline import offline_sets, offline_sources
-    from support.registry import local_registry
+    from support.registry import signed_cache
 
     variants: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="nodeforge-bench-variants-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, pub = ed25519_pair(tmp)
-        (tmp / "registry").mkdir()
+    with signed_cache("nodeforge-bench-variants-") as (tmp, key, pub, cache):
         try:
-            with local_registry(tmp / "registry") as registry, offline_sources() as base:
+            with offline_sources() as base:
                 for config in CONFIGS:
-                    variants.append(_variant(tmp, config, f"{registry}/fleet", key, pub, offline_sets(base)))
+                    variants.append(_variant(tmp, config, cache, key, pub, offline_sets(base)))
         finally:
             for v in variants:
                 remove_namespace(v["namespace"])

@@ -37,3 +37,19 @@ def local_registry(directory: Path, log: IO[str] | int = subprocess.DEVNULL) -> 
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextmanager
+def signed_cache(prefix: str) -> Iterator[tuple[Path, Path, Path, str]]:
+    """(a temporary directory, an Ed25519 signing key, its public key, REGISTRY/fleet of a local
+    registry in that directory): what a fleet-cache benchmark builds with."""
+    import tempfile
+
+    from support.keys import ed25519_pair
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp_name:
+        tmp = Path(tmp_name)
+        key, pub = ed25519_pair(tmp)
+        (tmp / "registry").mkdir()
+        with local_registry(tmp / "registry") as registry:
+            yield tmp, key, pub, f"{registry}/fleet"
