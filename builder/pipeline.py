@@ -63,7 +63,7 @@ class BuildResult:
     labels: dict[str, str]
     steps: list[StepResult] = field(default_factory=list)
     node: assemble.NodeArtifacts | None = None  # disks and netboot artifacts of a node image
-    initramfs: StepResult | None = None  # a node image's: cached, reused (same inputs) or built
+    initramfs: StepResult | None = None  # a node image's: cached, reused (same inputs), built or inherited
 
 
 class Builder:
@@ -226,42 +226,58 @@ class Builder:
         self.progress.say(plan.image, f"base image {parent.image:<22} {parent.tags[0]}")
         return parent.content_ref, parent.tags[0], parent.id
 
-    def _build_steps(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str) -> tuple[str, list[StepResult]]:
+    def _build_steps(self, c: docker.DockerClient, plan: BuildPlan, base_ref: str, state: rebuild.State
+                     ) -> tuple[str, list[StepResult]]:
         """One cached engine build per layer step; (the last step's ref, what each step did)."""
         steps = engine_steps(plan)
-        name, n = plan.image, len(steps)
         results: list[StepResult] = []
-        ref = base_ref
-        state = rebuild.State(self.tree.root, output_name(plan))  # one record per (image, config) owner
-        parent_key, parent_name = plan.base.key, "the base"
+        ref, parent_key, parent_name = base_ref, plan.base.key, "the base"
         for i, step in enumerate(steps, start=1):
-            cancel.check()
-            tag = step_ref(step.key)
-            fp = rebuild.fingerprint(step, parent_key, parent_name)
-            why = ""
-            with Timer() as t:
-                found = fleet.have(c, self.cache, tag, "step", step.key, name)
-                if found:
-                    status = found
-                else:
-                    why = rebuild.reason(state.previous(step.layer), fp)
-                    self.progress.say(name, f"layer {i}/{n} {step.layer:<20} building ... ({why})")
-                    self.progress.stage(name, f"layer {i}/{n} {step.layer}: building")
-                    log = self.log_dir / name / f"{i:02d}-{step.layer}.log"
-                    if plan.install is not None and step.key == plan.install.key and (self.mirror or step.wheels):
-                        offline.package_step(c, step, ref, plan.base.epoch, self.mirror, log)
-                    elif step.host_sources:
-                        offline.source_step(c, step, ref, plan.base.epoch, self.mirror is not None, log)
-                    else:
-                        self._engine_step(c, step, ref, plan, tag, log)
-                    status = "built"
-                    fleet.built(c, self.cache, tag, "step", step.key, name)
-            self.progress.say(name, f"layer {i}/{n} {step.layer:<20} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
-            results.append(StepResult(step.layer, step.key, status, t.seconds, why))
-            state.record(step.layer, fp)
-            ref, parent_key, parent_name = tag, step.key, f"layer {step.layer}"
+            results.append(self._step(c, plan, step, ref, f"layer {i}/{len(steps)} {step.layer:<20}",
+                                      f"{i:02d}-{step.layer}", state, parent_key, parent_name))
+            ref, parent_key, parent_name = step_ref(step.key), step.key, f"layer {step.layer}"
         state.save()
         return ref, results
+
+    def _boot_step(self, c: docker.DockerClient, plan: BuildPlan, parent_ref: str, parent_key: str,
+                   state: rebuild.State) -> tuple[str, str, StepResult]:
+        """A node's boot configuration (compose.phases) on top of its initramfs step: keyed on that
+        step and its own files, so an edit of a sysctl value or a kernel argument builds this step alone."""
+        assert plan.boot is not None
+        key = plan.boot.key if parent_key == plan.layers_key else digest({"after": parent_key, "boot": plan.boot.key})
+        step = dataclasses.replace(plan.boot, key=key)
+        result = self._step(c, plan, step, parent_ref, f"{step.layer + ' (after the initramfs)':<33}", step.layer,
+                            state, parent_key, "the initramfs")
+        state.save()
+        return step_ref(key), key, result
+
+    def _step(self, c: docker.DockerClient, plan: BuildPlan, step: LayerStep, ref: str, title: str, log_name: str,
+              state: rebuild.State, parent_key: str, parent_name: str) -> StepResult:
+        """One cached engine step on ref: found in the engine or the fleet cache, else built (and said why)."""
+        cancel.check()
+        name, tag = plan.image, step_ref(step.key)
+        fp = rebuild.fingerprint(step, parent_key, parent_name)
+        why = ""
+        with Timer() as t:
+            found = fleet.have(c, self.cache, tag, "step", step.key, name)
+            if found:
+                status = found
+            else:
+                why = rebuild.reason(state.previous(step.layer), fp)
+                self.progress.say(name, f"{title} building ... ({why})")
+                self.progress.stage(name, f"{title.strip()}: building")
+                log = self.log_dir / name / f"{log_name}.log"
+                if plan.install is not None and step.key == plan.install.key and (self.mirror or step.wheels):
+                    offline.package_step(c, step, ref, plan.base.epoch, self.mirror, log)
+                elif step.host_sources:
+                    offline.source_step(c, step, ref, plan.base.epoch, self.mirror is not None, log)
+                else:
+                    self._engine_step(c, step, ref, plan, tag, log)
+                status = "built"
+                fleet.built(c, self.cache, tag, "step", step.key, name)
+        self.progress.say(name, f"{title} {status:<8} {t.seconds:6.1f}s  {step.key[:12]}")
+        state.record(step.layer, fp)
+        return StepResult(step.layer, step.key, status, t.seconds, why)
 
     def _engine_step(self, c: docker.DockerClient, step: LayerStep, parent_ref: str, plan: BuildPlan, tag: str,
                      log: Path) -> None:
@@ -327,8 +343,9 @@ class Builder:
         with Timer() as total:
             base = self._base(c, plan, parent)
             plan = self._ensure_locked(c, plan, base[0])
-            content_ref, results = self._build_steps(c, plan, base[0])
-            content_key = plan.key
+            state = rebuild.State(self.tree.root, output_name(plan))  # one record per (image, config) owner
+            content_ref, results = self._build_steps(c, plan, base[0], state)
+            content_key = plan.layers_key
             initrd = None
             if plan.kind == "node":
                 self.progress.stage(name, "initramfs")
@@ -339,6 +356,9 @@ class Builder:
                                                                       self.progress, self.log_dir / name, up,
                                                                       shared=self.cache)
                 initrd = StepResult("initramfs", initramfs.inputs_key(plan, up), status, t.seconds)
+            if plan.boot is not None:
+                content_ref, content_key, boot = self._boot_step(c, plan, content_ref, content_key, state)
+                results.append(boot)
             layer_secrets.check(c, content_ref, name)
             cancel.check()
             meta_ref, labels = self._finalise(c, plan, content_ref, content_key, base)

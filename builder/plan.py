@@ -49,7 +49,7 @@ class ContextFile:
     origin: str  # which layer file or contribution produced it
     content: str | None = None  # rendered text; None for a static file copied from `source`
     source: str | None = None  # absolute path of a static file
-    phase: str = "config"  # packages: written before the package installs (compose.phases)
+    phase: str = "config"  # packages: before the package installs; boot: after every step (compose.phases)
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,16 @@ class BuildPlan:
     user: str | None = None  # default USER of the final image (not inherited by child images)
     sets: tuple[str, ...] = ()  # the --set arguments it was composed with (recorded on the built image)
     install: LayerStep | None = None  # the package phase: every layer's packages in one step (compose.phases)
+    boot: LayerStep | None = None  # a node's boot configuration: every layer's sysctl and kernel arguments
 
     @property
     def key(self) -> str:
-        """Content key of the image's file system: the key of its last layer step."""
+        """Content key of the image's file system: its boot configuration step's, else its last layer step's."""
+        return self.boot.key if self.boot else self.layers_key
+
+    @property
+    def layers_key(self) -> str:
+        """The key of the last layer step (what a node's initramfs step builds on)."""
         if self.steps:
             return self.steps[-1].key
         return self.install.key if self.install else self.base.key

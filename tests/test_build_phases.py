@@ -10,7 +10,7 @@ import pytest
 
 from builder.compose import compose
 from builder.compose.params import Override, Overrides
-from builder.definitions.load import PACKAGE_PHASE, load_tree
+from builder.definitions.load import BOOT_PHASE, PACKAGE_PHASE, load_tree
 from builder.pipeline import Builder, BuildResult
 from builder.progress import Progress
 from builder.verify import boot
@@ -81,8 +81,9 @@ def status(result: BuildResult) -> dict[str, str]:
 
 
 def forget(c: docker.DockerClient, tree: Path, sets: Overrides, steps_from: str | None) -> None:
-    """Remove what an earlier run left in the engine of a variant: its final initramfs step, and its
-    config steps from steps_from on (never the package step), so this run sees them built."""
+    """Remove what an earlier run left in the engine of a variant: its boot configuration step, its
+    initramfs step (unless steps_from is the boot configuration) and its config steps from steps_from
+    on (never the package step), so this run sees them built."""
     from builder.compose.phases import engine_steps
     from builder.engine import initramfs
     from builder.engine.steps import step_ref
@@ -90,8 +91,13 @@ def forget(c: docker.DockerClient, tree: Path, sets: Overrides, steps_from: str 
 
     plan = compose(load_tree(tree), "phase-node", "default", sets)
     layers = [s.layer for s in engine_steps(plan)]
-    tags = [step_ref(s.key) for s in engine_steps(plan)[layers.index(steps_from):]] if steps_from else []
-    tags.append(step_ref(digest({"content": plan.key, "initramfs": initramfs.inputs_key(plan)})))
+    tags = ([step_ref(s.key) for s in engine_steps(plan)[layers.index(steps_from):]]
+            if steps_from and steps_from != BOOT_PHASE else [])
+    final = digest({"content": plan.layers_key, "initramfs": initramfs.inputs_key(plan)})
+    if steps_from != BOOT_PHASE:
+        tags.append(step_ref(final))
+    if plan.boot is not None:  # the boot configuration on that initramfs step
+        tags.append(step_ref(digest({"after": final, "boot": plan.boot.key})))
     for tag in tags:
         try:
             c.images.remove(tag, force=True)
@@ -105,7 +111,7 @@ def builds(tree: Path, docker_client: docker.DockerClient) -> dict[str, BuildRes
     forget(docker_client, tree, first, None)  # so this tree's initramfs cache gets its entry
     results = {"first": build(tree, *first)}
     edited = [*first, Override("sysctl", "swappiness", 7)]  # steps only this test builds
-    forget(docker_client, tree, edited, "sysctl")
+    forget(docker_client, tree, edited, BOOT_PHASE)
     results["sysctl"] = build(tree, *edited)
     option: Overrides = [Override("loop-options", "max_loop", 16)]
     forget(docker_client, tree, option, None)
@@ -118,12 +124,11 @@ def test_a_sysctl_value_rebuilds_no_package_step_and_keeps_the_initramfs(builds:
     assert edited.plan.install is not None and first.plan.install is not None
     assert edited.plan.install.key == first.plan.install.key
     steps = status(edited)
-    assert steps[PACKAGE_PHASE] == "cached", steps
-    assert all(steps[layer] == "cached" for layer in ("base", "kernel")), steps
-    assert steps["sysctl"] == "built", steps  # the edited layer and those after it, cheaply
+    # every layer's step and the initramfs step cached: only the boot configuration step is built
+    assert all(s == "cached" for layer, s in steps.items() if layer != BOOT_PHASE), steps
+    assert steps[BOOT_PHASE] == "built", steps
     assert first.initramfs is not None and edited.initramfs is not None
-    assert edited.initramfs.key == first.initramfs.key
-    assert edited.initramfs.status in ("reused", "cached"), edited.initramfs
+    assert edited.initramfs.key == first.initramfs.key and edited.initramfs.status == "cached", edited.initramfs
 
 
 def test_a_module_option_regenerates_the_initramfs_and_the_node_boots_with_it(
@@ -160,5 +165,5 @@ def test_the_initramfs_is_the_same_when_generated_again(builds: dict[str, BuildR
     cache = build_dir(tree) / "cache" / "initramfs" / first.initramfs.key
     before = {f.name: f.read_bytes() for f in cache.iterdir()}
     shutil.rmtree(cache)
-    initramfs._generate(docker_client, step_ref(first.steps[-1].key), first.plan.base.epoch, cache)
+    initramfs._generate(docker_client, step_ref(first.plan.layers_key), first.plan.base.epoch, cache)
     assert {f.name: f.read_bytes() for f in cache.iterdir()} == before

@@ -124,12 +124,14 @@ def test_a_package_phase_step_runs_in_the_package_phase(scratch_tree: Path) -> N
     assert again.install is not None and again.install.key == before  # a config step leaves the packages alone
 
 
-def test_no_layer_takes_the_package_phase_name(scratch_tree: Path) -> None:
-    write(scratch_tree, "layers/packages/layer.yaml", "name: packages\nsummary: s\n")
+@pytest.mark.parametrize("name, whose", [("packages", "the package phase's"),
+                                         ("boot-config", "the boot configuration step's")])
+def test_no_layer_takes_the_name_of_a_step_nodeforge_makes(scratch_tree: Path, name: str, whose: str) -> None:
+    write(scratch_tree, f"layers/{name}/layer.yaml", f"name: {name}\nsummary: s\n")
     with pytest.raises(DefinitionError) as e:
         load_tree(scratch_tree)
     text = e.value.render()
-    assert "layers/packages/layer.yaml" in text and "'packages' is the package phase's" in text
+    assert f"layers/{name}/layer.yaml" in text and f"{name!r} is {whose}" in text
     assert "rename the layer and its directory" in text
 
 
@@ -155,10 +157,14 @@ def test_keys_are_stable_and_change_only_from_the_changed_layer_on(scratch_tree:
     a = compose(load_tree(scratch_tree), "node-minimal", "default")
     b = compose(load_tree(scratch_tree), "node-minimal", "default")
     assert [s.key for s in a.steps] == [s.key for s in b.steps]
-    c = compose(load_tree(scratch_tree), "node-minimal", "default", parse_sets(["kernel-args.iommu=nopt"]))
+    # a module option (a file of the layer's own step): that step and every later one
+    c = compose(load_tree(scratch_tree), "node-minimal", "default", parse_sets(["kernel-args.blacklist_nouveau=false"]))
     i = [s.layer for s in a.steps].index("kernel-args")
     assert [s.key for s in a.steps][:i] == [s.key for s in c.steps][:i]
     assert all(x.key != y.key for x, y in zip(a.steps[i:], c.steps[i:], strict=True))
+    # a kernel argument (the boot configuration step, after every layer): no layer step at all
+    d = compose(load_tree(scratch_tree), "node-minimal", "default", parse_sets(["kernel-args.iommu=nopt"]))
+    assert [s.key for s in a.steps] == [s.key for s in d.steps] and a.key != d.key
 
 
 def test_explain_names_the_source_of_every_value(tree: Tree, capsys: pytest.CaptureFixture[str]) -> None:

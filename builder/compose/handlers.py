@@ -131,7 +131,7 @@ def read_sysctl(s: LayerScope) -> None:
     if lines:
         s.add_file(f"/etc/sysctl.d/90-nodeforge-{s.name}.conf",
                    f"# nodeforge layer {s.name}: {s.data['summary']}\n" + "\n".join(lines) + "\n",
-                   f"layer {s.name} sysctl", s.line("sysctl"))
+                   f"layer {s.name} sysctl", s.line("sysctl"), phase="boot")
 
 
 def read_kernel_args(s: LayerScope) -> None:
@@ -153,7 +153,7 @@ def read_kernel_args(s: LayerScope) -> None:
     if good:
         s.add_file(f"/etc/nodeforge/kernel-cmdline.d/{s.name}.conf",
                    f"# nodeforge layer {s.name}: kernel arguments\n" + "\n".join(good) + "\n",
-                   f"layer {s.name} kernel.args", s.line("kernel", "args"))
+                   f"layer {s.name} kernel.args", s.line("kernel", "args"), phase="boot")
 
 
 def read_blacklist(s: LayerScope) -> None:

@@ -329,7 +329,7 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
             tests.extend(layer_tests)
     image_tests = _image_level(tree, image, ictx, merged, out)
     unkeyed = cut.with_environment(image, unkeyed, contributions.kind("env").plan_value(merged), out)
-    install, steps = phases.assign_keys(base.key, unkeyed, image.data["kind"] == "node")
+    install, steps, boot = phases.assign_keys(base.key, unkeyed, image.data["kind"] == "node")
     if image.data["kind"] == "node":
         tests += derived_boot_tests(merged, tests)
     tests += image_tests
@@ -348,4 +348,4 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
         tests=(*parent.tests, *tests) if parent and not cutting else tuple(tests),
         outputs=dict(image.data["outputs"]),
         inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []), install=install,
-        **contributions.plan_fields(merged))
+        boot=boot,        **contributions.plan_fields(merged))

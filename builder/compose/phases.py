@@ -14,6 +14,14 @@ scripts; diskimage-builder's phase directories):
    layer's files). Cheap to re-apply.
 3. initramfs (node images): generated once, after the last config step, cached on exactly its
    inputs (engine.initramfs).
+4. boot configuration (node images): one step nodeforge makes itself, after the initramfs, with
+   every layer's typed contributions that only the booted node reads: the sysctl files
+   (systemd-sysctl applies them at boot) and the kernel-argument files (the boot loader's command
+   line is made from the plan). Nothing in the build reads them, so they depend on nothing but
+   their values, and nothing depends on them: a sysctl or kernel-argument edit rebuilds this one
+   step (a copy of a few files), never a layer's step or the initramfs. The rule it rests on: no
+   layer step can see them (a step that must read a sysctl value reads it as a parameter). In a
+   container image (which boots nothing) they are files of their layer's config step.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any
 
 from ..checks import secrets
 from ..debian import APT_INSTALL
-from ..definitions.load import PACKAGE_PHASE
+from ..definitions.load import BOOT_PHASE, PACKAGE_PHASE
 from ..plan import BuildPlan, LayerStep, digest
 
 DIVERTED = "/usr/sbin/update-initramfs"
@@ -89,10 +97,20 @@ def _file_entries(step: LayerStep, phase: str) -> list[tuple[str, str, str, str,
     return [(f.path, f.mode, f.owner, f.group, f.sha256) for f in step.files if f.phase == phase]
 
 
+def _as_config(step: LayerStep) -> LayerStep:
+    if not any(f.phase == "boot" for f in step.files):
+        return step
+    return dataclasses.replace(step, files=tuple(dataclasses.replace(f, phase="config") if f.phase == "boot" else f
+                                                 for f in step.files))
+
+
 def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], node: bool
-                ) -> tuple[LayerStep | None, list[LayerStep]]:
-    """The package step and every layer's config step with its content key. Each entry of steps is a
-    layer's step (key not yet set) and what its lock entry and wheels put into the package key."""
+                ) -> tuple[LayerStep | None, list[LayerStep], LayerStep | None]:
+    """The package step, every layer's config step and a node's boot configuration step, each with its
+    content key. Each entry of steps is a layer's step (key not yet set) and what its lock entry and
+    wheels put into the package key."""
+    if not node:  # only a node boots: a container's sysctl and kernel-argument files are config files
+        steps = [(_as_config(s), extra) for s, extra in steps]
     layers = [s for s, _ in steps]
     script = install_script(layers, node)
     install = None
@@ -119,14 +137,22 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
         s = dataclasses.replace(s, key=digest(inputs))
         keyed.append(s)
         parent = s.key
-    return install, keyed
+    boot = None
+    boot_files = tuple(f for s in keyed for f in s.files if f.phase == "boot")
+    if boot_files:
+        inputs = {"parent": parent, "phase": "boot",
+                  "files": [[s.layer, *entry] for s in keyed for entry in _file_entries(s, "boot")]}
+        boot = LayerStep(BOOT_PHASE, "every layer's sysctl and kernel arguments: read only by the booted node",
+                         digest(inputs), boot_files, "", (), (), True)
+    return install, keyed, boot
 
 
 def engine_steps(plan: BuildPlan) -> list[LayerStep]:
-    """What the engine builds, in order: the package step, then each layer's config step with only
-    its config-phase files (its packages and package files are in the package step)."""
+    """What the engine builds before a node's initramfs, in order: the package step, then each layer's
+    config step with only its config-phase files (its packages and package files are in the package
+    step, its boot files in plan.boot, built after the initramfs)."""
     steps = [plan.install] if plan.install else []
     for s in plan.steps:
-        steps.append(dataclasses.replace(s, files=tuple(f for f in s.files if f.phase != "packages"),
+        steps.append(dataclasses.replace(s, files=tuple(f for f in s.files if f.phase == "config"),
                                          packages=(), wheels=(), install=""))
     return steps

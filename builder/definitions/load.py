@@ -15,6 +15,9 @@ from .tables import CONFIG, IMAGE, LAYER
 from .yamlsrc import LDict, line_of, load_file
 
 PACKAGE_PHASE = "packages"  # the name the package phase's step goes by (its script, its build state): no layer's
+BOOT_PHASE = "boot-config"  # the step after the last layer (and the initramfs) that writes what only a booted
+# node reads: every layer's sysctl and kernel-argument files (compose.phases); no layer's name either
+RESERVED = {PACKAGE_PHASE: "the package phase's", BOOT_PHASE: "the boot configuration step's"}
 
 # the names a layer's templates see besides its own parameters (compose.image builds the context,
 # compose.render adds the globals) and the names Jinja gives a meaning of its own: a parameter named
@@ -235,10 +238,10 @@ def _load_layer(root: Path, d: Path, out: Collector) -> Layer | None:
         return None
     _, raw, data = loaded
     where = Definition("", rel, {}, raw)
-    if d.name == PACKAGE_PHASE:
+    if d.name in RESERVED:
         out.add(rel, where.line("name"), "name",
-                f"the layer name {PACKAGE_PHASE!r} is the package phase's (its step, its script "
-                f"/usr/lib/nodeforge/layers/{PACKAGE_PHASE}.sh and its build state go by it)",
+                f"the layer name {d.name!r} is {RESERVED[d.name]} (its step, its script "
+                f"/usr/lib/nodeforge/layers/{d.name}.sh and its build state go by it)",
                 "rename the layer and its directory")
         return None
     params = _params(d.name, rel, where, data, out)

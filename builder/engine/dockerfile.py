@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..compose.phases import engine_steps, standalone_install
 from ..definitions import destination
-from ..definitions.load import PACKAGE_PHASE
+from ..definitions.load import BOOT_PHASE, PACKAGE_PHASE
 from ..definitions.quoting import dockerfile_comment, dockerfile_json, dockerfile_word
 from ..errors import NodeforgeError
 from ..plan import BuildPlan, ContextFile, LayerStep
@@ -34,7 +34,7 @@ def _files(step: LayerStep) -> list[ContextFile]:
 def fragment(step: LayerStep, prefix: str, epoch: int | None = None) -> str:
     """One engine step. Its scripts run with SOURCE_DATE_EPOCH (the image's), so that tools which
     stamp times (useradd, initramfs-tools, ...) stamp that one."""
-    title = "package phase" if step.layer == PACKAGE_PHASE else f"layer {step.layer}"
+    title = {PACKAGE_PHASE: "package phase", BOOT_PHASE: "boot configuration"}.get(step.layer, f"layer {step.layer}")
     lines = [dockerfile_comment(f"{title}: {step.summary}"), f"# key {step.key}"]
     if _files(step):
         lines.append(f"COPY {prefix}/root/ /")
@@ -121,9 +121,13 @@ def _write_render(plan: BuildPlan, tmp: Path, name: str, base_hint: str, bootstr
              f"ARG BASE={dockerfile_word(base_hint)}",
              "FROM ${BASE}" + (f" AS {FULL_STAGE}" if any(s.cut is not None for s in plan.steps) else ""), ""]
     parts.append("# Phases: every layer's packages in one step, then each layer's files, users, services\n"
-                 "# and steps in layer order; a node image's initramfs is generated after the last one.\n")
-    for i, step in enumerate(engine_steps(plan), start=1):
+                 "# and steps in layer order; a node image's initramfs is generated after the last one,\n"
+                 "# and its boot configuration (every layer's sysctl and kernel arguments) after that.\n")
+    steps = engine_steps(plan)
+    for i, step in enumerate([*steps, *([plan.boot] if plan.boot else [])], start=1):
         d = f"{i:02d}-{step.layer}"
+        if step is plan.boot:
+            parts.append("# (nodeforge generates the initramfs here: update-initramfs after the last layer)\n")
         write_context(step, tmp / d)
         parts.append(fragment(step, d, plan.base.epoch))
     parts.append(label_fragment(labels))

@@ -4,8 +4,9 @@ postinst or trigger generates one along the way.
 
 Its key: the package phase (the kernel, its modules, firmware, initramfs-tools and its hooks, DKMS
 modules all come from packages), the config-phase files under the paths initramfs-tools reads,
-and every layer's config-phase script (a step may write anywhere). A sysctl value or a service file
-leaves the key alone, so the cached initramfs is linked in; a modprobe option changes it.
+and every layer's config-phase script (a step may write anywhere). A service file leaves the key
+alone, so the cached initramfs is linked in; a modprobe option changes it. A sysctl value or a kernel
+argument does not even rebuild this step: they are written after it (compose.phases, boot configuration).
 
 Generation runs update-initramfs in a throwaway container of the image (with the image's
 SOURCE_DATE_EPOCH, so the archive is the same on every build) and keeps the result under
@@ -54,7 +55,7 @@ def own_inputs(plan: BuildPlan) -> dict[str, Any]:
     under INPUT_PATHS and every config-phase script (a step may write anywhere)."""
     return {"packages": plan.install.key if plan.install else None,
             "files": sorted([f.path, f.mode, f.sha256] for s in plan.steps for f in s.files
-                            if f.phase != "packages" and f.path.startswith(INPUT_PATHS)),
+                            if f.phase == "config" and f.path.startswith(INPUT_PATHS)),
             "scripts": [[s.layer, s.apply] for s in plan.steps if s.apply]}
 
 
@@ -128,9 +129,14 @@ def step(c: docker.DockerClient, plan: BuildPlan, content_ref: str, root: Path, 
          log_dir: Path, parent: Parent | None = None, shared: fleet.SharedCache | None = None) -> tuple[str, str, str]:
     """The node image with its initramfs: (ref, content key of the result, what happened: cached (the
     whole step), pulled (the whole step, from the fleet cache), reused (the initramfs of the same
-    inputs linked in) or built)."""
+    inputs linked in), built, or inherited: a child image whose own steps put nothing into it has
+    its parent's, already in the parent's layers, and no step of its own)."""
     ikey = inputs_key(plan, parent)
-    final_key = digest({"content": plan.key, "initramfs": ikey})
+    if parent is not None and ikey == parent.key:  # nothing of the child's own goes into it: the parent's
+        progress.say(plan.image, f"initramfs (after the last layer)  {'inherited':<8} {0.0:6.1f}s  {ikey[:12]} "
+                     "(the parent image's, in its layers)")
+        return content_ref, plan.layers_key, "inherited"
+    final_key = digest({"content": plan.layers_key, "initramfs": ikey})
     tag = step_ref(final_key)
     cache = _cache_dir(root, ikey)
     with Timer() as t:

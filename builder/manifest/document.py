@@ -113,13 +113,17 @@ def _layers(plan: BuildPlan, parent: dict[str, Any] | None) -> list[dict[str, An
                  for n in plan.inherited_layers]
     own = [{"name": s.layer, "image": plan.image, "key": s.key, "summary": s.summary, "parameters": parameters(s.layer)}
            for s in plan.steps]
+    if plan.boot is not None:  # the step after the layers that writes their sysctl and kernel arguments
+        own.append({"name": plan.boot.layer, "image": plan.image, "key": plan.boot.key, "summary": plan.boot.summary,
+                    "parameters": {}})
     return inherited + own
 
 
 def _keys(plan: BuildPlan, node: NodeArtifacts | None) -> dict[str, str | None]:
     """Each key of the build, named: `plan` is what `nodeforge plan` prints and the manifest's
-    plan_key (the last layer step's key); a node's `content` (its initramfs step) and `assembly`
-    (its disks) keys are node.json's content_key and key."""
+    plan_key (a node's boot configuration step's key, else the last layer step's); a node's `content`
+    (the engine step its disks are made of: its boot configuration on its initramfs step) and
+    `assembly` (its disks) keys are node.json's content_key and key."""
     return {"plan": plan.key, "content": node.content_key if node else None, "assembly": node.key if node else None}
 
 

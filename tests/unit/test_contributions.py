@@ -18,7 +18,8 @@ from builder.plan import BuildPlan
 KEYS_TREE = Path(__file__).resolve().parent.parent / "fixtures" / "keys-tree"
 # BuildPlan fields that are not contributions of layers
 NOT_CONTRIBUTIONS = {"format", "image", "kind", "version", "summary", "config", "base", "steps", "tags", "params",
-                     "tests", "outputs", "inherited_layers", "user", "sets", "install"}
+                     "tests", "outputs", "inherited_layers", "user", "sets", "install",
+                     "boot"}
 
 
 def test_every_kind_reads_a_key_of_the_layer_schema() -> None:

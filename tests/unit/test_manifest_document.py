@@ -77,7 +77,8 @@ def test_node_manifest_records_layers_packages_outputs_and_lock(tree_copy: Path)
     assert "engine_image_id" not in doc  # differs between two isolated builds of the same content
     assert doc["base"]["digest"] == "sha256:" + "b" * 64 and doc["base"]["name"] == "nodeforge-base:" + plan.base.key
     assert doc["plan_key"] == plan.key and doc["source_date_epoch"] == plan.base.epoch
-    assert [(x["name"], x["key"]) for x in doc["layers"]] == [(s.layer, s.key) for s in plan.steps]
+    assert plan.boot is not None  # the layers, then the boot configuration step
+    assert [(x["name"], x["key"]) for x in doc["layers"]] == [(s.layer, s.key) for s in (*plan.steps, plan.boot)]
     sysctl = next(x for x in doc["layers"] if x["name"] == "sysctl")
     assert sysctl["parameters"]["swappiness"] == {"value": plan.params["sysctl.swappiness"].value,
                                                   "source": plan.params["sysctl.swappiness"].source}
@@ -162,9 +163,8 @@ def test_each_build_keeps_the_previous_manifest_and_diff_previous_reads_it(tree_
 
     lines, changed = diff.diff_previous(path.parent)
     assert changed and lines[0].startswith(f"--- {path.parent / history.DIR / '000001.json'}")
-    old_key = next(s.key for s in before.steps if s.layer == "sysctl")
-    new_key = next(s.key for s in after.steps if s.layer == "sysctl")
-    assert f"  ~ sysctl {old_key[:12]} -> {new_key[:12]}" in lines
+    assert before.boot is not None and after.boot is not None  # a sysctl value is the boot configuration's
+    assert f"  ~ boot-config {before.boot.key[:12]} -> {after.boot.key[:12]}" in lines
     assert any(ln.startswith("  ~ sysctl.swappiness 1 -> 5 (config default (configs/default.yaml:")
                and ln.endswith("-> --set sysctl.swappiness)") for ln in lines), lines
     conf = "/etc/sysctl.d/90-nodeforge-sysctl.conf"

@@ -10,7 +10,7 @@ import pytest
 from builder.compose import compose
 from builder.compose.params import Override
 from builder.compose.phases import DIVERTED, engine_steps, standalone_install
-from builder.definitions.load import PACKAGE_PHASE, load_tree
+from builder.definitions.load import BOOT_PHASE, PACKAGE_PHASE, load_tree
 from builder.engine.initramfs import inputs_key
 from builder.plan import BuildPlan
 
@@ -47,13 +47,32 @@ def test_a_node_image_defers_the_initramfs_while_packages_install() -> None:
     assert container.install is None or DIVERTED not in container.install.apply
 
 
-def test_a_value_edit_keeps_the_package_step_and_the_initramfs() -> None:
-    before, after = plan(), plan(Override("sysctl", "swappiness", 7))
-    a, b = keys(before), keys(after)
-    assert a[PACKAGE_PHASE] == b[PACKAGE_PHASE]
-    assert a["base"] == b["base"] and a["kernel"] == b["kernel"]
-    assert a["sysctl"] != b["sysctl"] and a["monitoring"] != b["monitoring"]  # after it: re-applied, cheaply
-    assert inputs_key(before) == inputs_key(after)
+@pytest.mark.parametrize("edit", [Override("sysctl", "swappiness", 7), Override("kernel-args", "iommu", "nopt")])
+def test_a_sysctl_or_kernel_argument_edit_changes_only_the_boot_configuration_step(edit: Override) -> None:
+    before, after = plan(), plan(edit)
+    assert keys(before) == keys(after)  # the package step and every layer's step: all cached
+    assert inputs_key(before) == inputs_key(after) and before.layers_key == after.layers_key  # the initramfs too
+    assert before.boot is not None and after.boot is not None and before.boot.key != after.boot.key
+    assert before.key == before.boot.key and before.key != after.key  # the image's content key moves
+
+
+def test_the_boot_configuration_step_holds_every_layer_s_sysctl_and_kernel_argument_files() -> None:
+    p = plan()
+    assert p.boot is not None and p.boot.layer == BOOT_PHASE and not p.boot.apply
+    paths = {f.path for f in p.boot.files}
+    assert "/etc/sysctl.d/90-nodeforge-sysctl.conf" in paths
+    assert {"/etc/nodeforge/kernel-cmdline.d/kernel.conf", "/etc/nodeforge/kernel-cmdline.d/kernel-args.conf"} <= paths
+    # written by no layer's own step (no step can see them), and still listed as the layer's files
+    assert all(not (paths & {f.path for f in s.files}) for s in engine_steps(p))
+    assert "/etc/sysctl.d/90-nodeforge-sysctl.conf" in {f.path for s in p.steps for f in s.files}
+    # module options stay in their layer: the initramfs reads them
+    assert "/etc/modprobe.d/nodeforge-kernel-args.conf" in {f.path for s in engine_steps(p) for f in s.files}
+
+
+def test_a_container_image_writes_boot_files_in_their_layer_s_step() -> None:
+    container = plan(image="container-base")
+    assert container.boot is None and container.key == container.layers_key
+    assert all(f.phase != "boot" for s in container.steps for f in s.files)
 
 
 def test_a_module_option_changes_the_initramfs_but_not_the_packages() -> None:
