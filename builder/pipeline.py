@@ -21,7 +21,7 @@ from . import lockfile as lock
 from .compose.image import compose, lock_config, output_name
 from .compose.pairs import owners
 from .compose.params import Overrides
-from .compose.phases import engine_steps
+from .compose.phases import boot_step_key, engine_steps
 from .definitions.load import Tree
 from .engine import bootstrap, cancel, initramfs, offline, sbom
 from .engine import cache as rebuild
@@ -244,10 +244,10 @@ class Builder:
         """A node's boot configuration (compose.phases) on top of its initramfs step: keyed on that
         step and its own files, so an edit of a sysctl value or a kernel argument builds this step alone."""
         assert plan.boot is not None
-        key = plan.boot.key if parent_key == plan.layers_key else digest({"after": parent_key, "boot": plan.boot.key})
+        key, after = boot_step_key(plan, parent_key), "the initramfs" if parent_key != plan.layers_key else "the layers"
         step = dataclasses.replace(plan.boot, key=key)
         result = self._step(c, plan, step, parent_ref, f"{step.layer + ' (after the initramfs)':<33}", step.layer,
-                            state, parent_key, "the initramfs")
+                            state, parent_key, after)
         state.save()
         return step_ref(key), key, result
 

@@ -84,7 +84,7 @@ def forget(c: docker.DockerClient, tree: Path, sets: Overrides, steps_from: str 
     """Remove what an earlier run left in the engine of a variant: its boot configuration step, its
     initramfs step (unless steps_from is the boot configuration) and its config steps from steps_from
     on (never the package step), so this run sees them built."""
-    from builder.compose.phases import engine_steps
+    from builder.compose.phases import boot_step_key, engine_steps
     from builder.engine import initramfs
     from builder.engine.steps import step_ref
     from builder.plan import digest
@@ -97,7 +97,7 @@ def forget(c: docker.DockerClient, tree: Path, sets: Overrides, steps_from: str 
     if steps_from != BOOT_PHASE:
         tags.append(step_ref(final))
     if plan.boot is not None:  # the boot configuration on that initramfs step
-        tags.append(step_ref(digest({"after": final, "boot": plan.boot.key})))
+        tags.append(step_ref(boot_step_key(plan, final)))
     for tag in tags:
         try:
             c.images.remove(tag, force=True)

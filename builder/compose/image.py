@@ -348,4 +348,4 @@ def _compose(tree: Tree, image: Image, config_ref: str | None, sets: Overrides |
         tests=(*parent.tests, *tests) if parent and not cutting else tuple(tests),
         outputs=dict(image.data["outputs"]),
         inherited_layers=inherited, user=image.data.get("user"), sets=format_sets(sets or []), install=install,
-        boot=boot,        **contributions.plan_fields(merged))
+        boot=boot, **contributions.plan_fields(merged))

@@ -147,6 +147,14 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
     return install, keyed, boot
 
 
+def boot_step_key(plan: BuildPlan, after: str) -> str:
+    """The engine key of a node's boot configuration step built on the step keyed `after`: the
+    plan's own key of it where it follows the last layer step, else chained on that step (the
+    initramfs step)."""
+    assert plan.boot is not None
+    return plan.boot.key if after == plan.layers_key else digest({"after": after, "boot": plan.boot.key})
+
+
 def engine_steps(plan: BuildPlan) -> list[LayerStep]:
     """What the engine builds before a node's initramfs, in order: the package step, then each layer's
     config step with only its config-phase files (its packages and package files are in the package
