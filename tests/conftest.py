@@ -40,6 +40,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.engine)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Engine tests selected: make room for them first (tests/support/disk.py)."""
+    if any(i.get_closest_marker("engine") for i in session.items) and engine_available():
+        from support.disk import make_room
+
+        from builder.engine import client as engine
+
+        problem = make_room(engine.client(), ROOT / "build")
+        if problem:
+            pytest.exit(problem, returncode=2)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("engine") and not engine_available():
         pytest.skip("no Docker Engine answers (make test starts one; DOCKER_HOST selects a remote one)")

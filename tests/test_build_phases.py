@@ -3,6 +3,8 @@ initramfs; a module option regenerates the initramfs, and the booted node sees t
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -55,9 +57,7 @@ outputs:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import shutil
-
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = Path(__file__).resolve().parent.parent
     tmp = tmp_path_factory.mktemp("phases")
     for d in ("layers", "images", "configs"):
@@ -68,7 +68,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # node-minimal's lock: the same packages, so the package step is the one the suite has built
     lock = (root / "images" / "node-minimal.lock").read_text()
     (tmp / "images" / "phase-node.lock").write_text(lock.replace("image: node-minimal", "image: phase-node"))
-    return tmp
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)  # its disks: the suite's room is tests/support/disk.py's
 
 
 def build(tree: Path, *sets: Override) -> BuildResult:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from support.offline import build_offline_sources, offline_sets, serve
 from support.reports import assert_all_passed, report_of_test
@@ -267,7 +268,7 @@ def test_dgx_h100_with_slurm_and_infiniband(scratch_tree: Path) -> None:
 # --- gpu-node built with configs/v100-slurm.yaml boots with every boot-scope check passing ---------
 
 @pytest.fixture(scope="session")
-def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def v100_report(tmp_path_factory: pytest.TempPathFactory, docker_client: docker.DockerClient) -> dict[str, Any]:
     """gpu-node -c v100-slurm, built in a copy of the tree under its own tag (the default build keeps
     nodeforge/gpu-node), with the stand-in container toolkit (tests/support/offline.py), then
     tested with a direct boot: the JSON report."""
@@ -285,8 +286,12 @@ def v100_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         built = subprocess.run([*cli, "build", "gpu-node", "-c", "v100-slurm", *sets],
                                capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-6000:]
-        return report_of_test(cli, "gpu-node", tmp_path_factory.mktemp("v100-report"), "-c", "v100-slurm", *sets,
-                           "--boot-modes", "direct")
+        report = report_of_test(cli, "gpu-node", tmp_path_factory.mktemp("v100-report"), "-c", "v100-slurm", *sets,
+                                "--boot-modes", "direct")
+    # its disks (7 GB): the report is what the tests read; the output tag goes too (its steps stay cached)
+    shutil.rmtree(tree, ignore_errors=True)
+    docker_client.api.remove_image("nodeforge-test/gpu-node-v100-slurm:0.1.0")
+    return report
 
 
 @pytest.mark.docker

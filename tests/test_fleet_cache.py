@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         pushed = re.search(r"cache \S+: \d+ pulled \([\d.]+ MB\), (\d+) pushed", p.stderr)
         assert pushed and int(pushed.group(1)) >= 7, p.stderr[-2000:]  # base, five layers, initramfs, labels
         yield f
+    shutil.rmtree(tmp, ignore_errors=True)  # the registry's blobs and three build directories
 
 
 def _on(engine: str, f: Fleet, build_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

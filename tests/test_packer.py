@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -36,7 +37,8 @@ SMALL_NODE = textwrap.dedent("""\
 
 
 @pytest.fixture(scope="module")
-def exported(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def exported(docker_client: docker.DockerClient,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     from builder.export.packer import export
 
     root = tmp_path_factory.mktemp("packer-tree")
@@ -47,7 +49,8 @@ def exported(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPa
     (root / "images" / "small-node.yaml").write_text(SMALL_NODE)
     tree = load_tree(root)
     path = export(tree, "small-node", "default", [], root / "build" / "packer")
-    return root, path
+    yield root, path
+    shutil.rmtree(root, ignore_errors=True)  # the base disk and what the module's builds wrote
 
 
 def test_template_applies_the_layers_after_the_kernel(exported: tuple[Path, Path]) -> None:

@@ -153,3 +153,21 @@ def mirror(inv: Invocation) -> int:
           f"{len(index.bases)} base(s) for {', '.join(sorted(index.images))}; build with: nodeforge build --offline "
           f"--mirror {target} IMAGE")
     return 0
+
+
+def gc(inv: Invocation) -> int:
+    from ..engine import gc as trim
+
+    p = trim.plan(inv.client, trim.parse_age(inv.args.older_than), inv.args.all_namespaces)
+    for e in p.remove:
+        when = e.tagged.strftime("%Y-%m-%d %H:%M") if e.tagged else "unknown"
+        print(f"{'would remove' if inv.args.dry_run else 'remove'} {e.tag} (tagged {when})")
+    kept = f"kept {p.in_use} an output tag builds on and {p.recent} newer than {inv.args.older_than}"
+    if inv.args.dry_run:
+        print(f"gc: {len(p.remove)} cache entries would go; {kept}")
+        return 0
+    before = trim.layers_size(inv.client)
+    removed = trim.apply(inv.client, p)
+    freed = max(0, before - trim.layers_size(inv.client))
+    print(f"gc: removed {removed} cache entries, freed {freed / 1e9:.1f} GB; {kept}")
+    return 0

@@ -114,6 +114,18 @@ COMMANDS: tuple[Command, ...] = (
                                   *COMPOSED, QUIET), frozenset({TREE, ENGINE}),
             doc="the locked packages, wheels and bases of images into DIR with a checksum index, for "
             "`build --offline`"),
+    Command("gc", "remove step-cache entries no output tag builds on, tagged longer ago than --older-than", "build",
+            _R + "build:gc", (
+                arg("--older-than", default="7d", metavar="AGE", synopsis="[--older-than AGE]",
+                    help="only entries tagged longer ago than this: 30m, 12h, 7d (default), 0s"),
+                flag("--all-namespaces", "every nodeforge-cache* and nodeforge-base* repository (default: this "
+                     "NODEFORGE_CACHE_NAMESPACE's)"),
+                flag("--dry-run", "list what would go; remove nothing")),
+            frozenset({ENGINE}), doc="trim the engine's step cache: untag the step and base entries tagged longer "
+            "ago than AGE (default 7d) that no output tag (an image tagged outside nodeforge's cache repositories) "
+            "is or builds on, and prune untagged nodeforge images; prints each entry and the space freed; "
+            "--dry-run: only list; --all-namespaces: the namespaced caches of benchmarks and reproducibility "
+            "checks too"),
     Command("matrix", "the variants of images × configs as JSON, deduplicated, with the step keys they share",
             "definitions", _R + "definitions:matrix", (
                 IMAGES, arg("--config", "-c", dest="configs", action="append", metavar="CONFIG",
