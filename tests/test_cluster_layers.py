@@ -290,8 +290,8 @@ def v100_report(tmp_path_factory: pytest.TempPathFactory, docker_client: docker.
                                 "--boot-modes", "direct")
     # its disks (7 GB): the report is what the tests read; the output tag goes too (its steps stay cached)
     shutil.rmtree(tree, ignore_errors=True)
-    for image in docker_client.images.list(name="nodeforge-test/gpu-node-v100-slurm"):
-        for tag in image.tags:
+    for tagged in docker_client.images.list(name="nodeforge-test/gpu-node-v100-slurm"):
+        for tag in tagged.tags:
             docker_client.api.remove_image(tag)
     return report
 

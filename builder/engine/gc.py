@@ -17,7 +17,6 @@ keeps any that another image builds on. No tag outside nodeforge's repositories 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -66,13 +65,16 @@ class Plan:
     recent: int  # entries tagged within the age
 
 
-def _held(images: list[dict[str, Any]], cache: Iterable[str]) -> set[str]:
-    """Ids of every image an output tag (one outside the cache repositories) is or builds on."""
+def _tags(image: dict[str, Any]) -> list[str]:
+    return [t for t in (image.get("RepoTags") or []) if t != "<none>:<none>"]
+
+
+def _held(images: list[dict[str, Any]]) -> set[str]:
+    """Ids of every image an output tag (one outside every cache repository) is or builds on."""
     parent = {str(i["Id"]): str(i.get("ParentId") or "") for i in images}
-    cache_tags = set(cache)
     held: set[str] = set()
     for i in images:
-        if any(t not in cache_tags for t in (i.get("RepoTags") or []) if t != "<none>:<none>"):
+        if any(not is_cache_tag(t, None) for t in _tags(i)):
             cur = str(i["Id"])
             while cur and cur not in held:
                 held.add(cur)
@@ -92,13 +94,12 @@ def _tagged(c: docker.DockerClient, image_id: str) -> datetime | None:
         return None
 
 
-def plan(c: docker.DockerClient, older_than_s: int, all_namespaces: bool = False,
-         now: datetime | None = None) -> Plan:
+def plan(c: docker.DockerClient, older_than_s: int, all_namespaces: bool = False) -> Plan:
     repos = cache_repos(all_namespaces)
     images = c.api.images(all=True)
-    cache = [(t, str(i["Id"])) for i in images for t in (i.get("RepoTags") or []) if is_cache_tag(t, repos)]
-    held = _held(images, (t for i in images for t in (i.get("RepoTags") or []) if is_cache_tag(t, None)))
-    now = now or datetime.now(UTC)
+    cache = [(t, str(i["Id"])) for i in images for t in _tags(i) if is_cache_tag(t, repos)]
+    held = _held(images)
+    now = datetime.now(UTC)
     remove, in_use, recent = [], 0, 0
     for tag, image_id in sorted(cache):
         if image_id in held:
