@@ -78,11 +78,6 @@ def recipe(debian: dict[str, Any], epoch: int) -> dict[str, Any]:
             "debian": debian, "epoch": epoch}
 
 
-def file_phase(path: str) -> str:
-    """The build phase a layer file is written in when the layer does not say (compose.phases)."""
-    return "packages" if path.startswith(PACKAGE_CONFIG_DIRS) else "config"
-
-
 def parse_dpkg_status(text: str) -> dict[str, dict[str, str]]:
     """Installed packages: name -> fields (Version, Status, ...)."""
     out: dict[str, dict[str, str]] = {}

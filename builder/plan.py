@@ -49,7 +49,13 @@ class ContextFile:
     origin: str  # which layer file or contribution produced it
     content: str | None = None  # rendered text; None for a static file copied from `source`
     source: str | None = None  # absolute path of a static file
-    phase: str = "config"  # packages: before the package installs; boot: after every step (compose.phases)
+    phase: str = "config"  # one of FILE_PHASES
+
+
+# where a file a layer writes is placed (compose.phases): before the package installs, in its layer's
+# step, or in the boot configuration step after every layer step and the initramfs (nodes only)
+PACKAGE_FILES, CONFIG_FILES, BOOT_FILES = "packages", "config", "boot"
+FILE_PHASES = (PACKAGE_FILES, CONFIG_FILES, BOOT_FILES)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from ..checks.registry import check
 from ..debian import PKG_PATTERN
 from ..definitions import grammar as g
 from ..definitions.guard import guarded
-from ..plan import Value
+from ..plan import BOOT_FILES, Value
 from .render import destination, file_destination, template_head
 from .scope import LayerScope
 from .tests import RENDERED_VALUE, is_false, one_line
@@ -131,7 +131,7 @@ def read_sysctl(s: LayerScope) -> None:
     if lines:
         s.add_file(f"/etc/sysctl.d/90-nodeforge-{s.name}.conf",
                    f"# nodeforge layer {s.name}: {s.data['summary']}\n" + "\n".join(lines) + "\n",
-                   f"layer {s.name} sysctl", s.line("sysctl"), phase="boot")
+                   f"layer {s.name} sysctl", s.line("sysctl"), phase=BOOT_FILES)
 
 
 def read_kernel_args(s: LayerScope) -> None:
@@ -153,7 +153,7 @@ def read_kernel_args(s: LayerScope) -> None:
     if good:
         s.add_file(f"/etc/nodeforge/kernel-cmdline.d/{s.name}.conf",
                    f"# nodeforge layer {s.name}: kernel arguments\n" + "\n".join(good) + "\n",
-                   f"layer {s.name} kernel.args", s.line("kernel", "args"), phase="boot")
+                   f"layer {s.name} kernel.args", s.line("kernel", "args"), phase=BOOT_FILES)
 
 
 def read_blacklist(s: LayerScope) -> None:

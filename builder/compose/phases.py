@@ -33,7 +33,7 @@ from typing import Any
 from ..checks import secrets
 from ..debian import APT_INSTALL
 from ..definitions.load import BOOT_PHASE, PACKAGE_PHASE
-from ..plan import BuildPlan, LayerStep, digest
+from ..plan import BOOT_FILES, CONFIG_FILES, PACKAGE_FILES, BuildPlan, LayerStep, digest
 
 DIVERTED = "/usr/sbin/update-initramfs"
 DIVERT_TO = "/usr/sbin/update-initramfs.nodeforge"
@@ -98,10 +98,10 @@ def _file_entries(step: LayerStep, phase: str) -> list[tuple[str, str, str, str,
 
 
 def _as_config(step: LayerStep) -> LayerStep:
-    if not any(f.phase == "boot" for f in step.files):
+    if not any(f.phase == BOOT_FILES for f in step.files):
         return step
-    return dataclasses.replace(step, files=tuple(dataclasses.replace(f, phase="config") if f.phase == "boot" else f
-                                                 for f in step.files))
+    files = tuple(dataclasses.replace(f, phase=CONFIG_FILES) if f.phase == BOOT_FILES else f for f in step.files)
+    return dataclasses.replace(step, files=files)
 
 
 def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], node: bool
@@ -116,9 +116,9 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
     install = None
     parent = base_key
     if script:
-        files = tuple(f for s in layers for f in s.files if f.phase == "packages")
+        files = tuple(f for s in layers for f in s.files if f.phase == PACKAGE_FILES)
         inputs = {"parent": base_key, "phase": "packages", "script": script,
-                  "layers": [{"layer": s.layer, "files": _file_entries(s, "packages"), **extra}
+                  "layers": [{"layer": s.layer, "files": _file_entries(s, PACKAGE_FILES), **extra}
                              for s, extra in steps]}
         install = LayerStep(PACKAGE_PHASE, "one apt transaction for every layer, before any layer's files",
                             digest(inputs), files, script, (), tuple(_pinned(layers)), all(s.locked for s in layers),
@@ -127,7 +127,7 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
     keyed = []
     for s in layers:
         inputs = {"parent": parent, "phase": "config", "layer": s.layer, "apply": s.apply, "env": list(s.env),
-                  "files": _file_entries(s, "config")}
+                  "files": _file_entries(s, CONFIG_FILES)}
         if s.entrypoint is not None:
             inputs["entrypoint"] = list(s.entrypoint)
         if s.cut is not None:  # the image's whole environment is written again on the empty base
@@ -138,10 +138,10 @@ def assign_keys(base_key: str, steps: list[tuple[LayerStep, dict[str, Any]]], no
         keyed.append(s)
         parent = s.key
     boot = None
-    boot_files = tuple(f for s in keyed for f in s.files if f.phase == "boot")
+    boot_files = tuple(f for s in keyed for f in s.files if f.phase == BOOT_FILES)
     if boot_files:
         inputs = {"parent": parent, "phase": "boot",
-                  "files": [[s.layer, *entry] for s in keyed for entry in _file_entries(s, "boot")]}
+                  "files": [[s.layer, *entry] for s in keyed for entry in _file_entries(s, BOOT_FILES)]}
         boot = LayerStep(BOOT_PHASE, "every layer's sysctl and kernel arguments: read only by the booted node",
                          digest(inputs), boot_files, "", (), (), True)
     return install, keyed, boot
@@ -161,6 +161,6 @@ def engine_steps(plan: BuildPlan) -> list[LayerStep]:
     step, its boot files in plan.boot, built after the initramfs)."""
     steps = [plan.install] if plan.install else []
     for s in plan.steps:
-        steps.append(dataclasses.replace(s, files=tuple(f for f in s.files if f.phase == "config"),
+        steps.append(dataclasses.replace(s, files=tuple(f for f in s.files if f.phase == CONFIG_FILES),
                                          packages=(), wheels=(), install=""))
     return steps

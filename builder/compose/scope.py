@@ -15,10 +15,10 @@ import jinja2.meta
 from .. import lockfile
 from ..checks import kargs
 from ..checks.registry import CHECKS, check
-from ..debian import file_phase
+from ..debian import PACKAGE_CONFIG_DIRS
 from ..definitions.load import Layer
 from ..errors import Collector
-from ..plan import ContextFile, Value
+from ..plan import CONFIG_FILES, PACKAGE_FILES, ContextFile, Value
 from .params import Setting
 from .render import environment, render_file, render_string, render_tree
 from .textdiff import short_diff
@@ -37,6 +37,12 @@ def karg_key(arg: str) -> str:
     the whole argument: every distinct value is an argument of its own, kept in order."""
     name = kargs.split(arg)[0]
     return arg if kargs.is_repeated(name) else name
+
+
+def file_phase(path: str) -> str:
+    """The file phase (plan.FILE_PHASES) of a layer file the layer does not place: the package tools'
+    configuration goes before the package installs."""
+    return PACKAGE_FILES if path.startswith(PACKAGE_CONFIG_DIRS) else CONFIG_FILES
 
 
 @dataclass

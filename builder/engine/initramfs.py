@@ -29,7 +29,7 @@ from ..compose.phases import DIVERT_TO, DIVERTED
 from ..errors import BuildFailed
 from ..fleetcache import cache as fleet
 from ..paths import build_dir
-from ..plan import BuildPlan, digest
+from ..plan import CONFIG_FILES, BuildPlan, digest
 from ..progress import Progress, Timer
 from . import cancel
 from .labels import ROLE_LABEL
@@ -55,7 +55,7 @@ def own_inputs(plan: BuildPlan) -> dict[str, Any]:
     under INPUT_PATHS and every config-phase script (a step may write anywhere)."""
     return {"packages": plan.install.key if plan.install else None,
             "files": sorted([f.path, f.mode, f.sha256] for s in plan.steps for f in s.files
-                            if f.phase == "config" and f.path.startswith(INPUT_PATHS)),
+                            if f.phase == CONFIG_FILES and f.path.startswith(INPUT_PATHS)),
             "scripts": [[s.layer, s.apply] for s in plan.steps if s.apply]}
 
 
