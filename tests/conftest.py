@@ -47,7 +47,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
         from builder.engine import client as engine
 
-        problem = make_room(engine.client(), ROOT / "build")
+        problem = make_room(engine.client(), ROOT)
         if problem:
             pytest.exit(problem, returncode=2)
 

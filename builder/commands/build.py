@@ -167,7 +167,7 @@ def gc(inv: Invocation) -> int:
         print(f"gc: {len(p.remove)} cache entries would go; {kept}")
         return 0
     before = trim.layers_size(inv.client)
-    removed = trim.apply(inv.client, p)
+    trim.apply(inv.client, p)
     freed = max(0, before - trim.layers_size(inv.client))
-    print(f"gc: removed {removed} cache entries, freed {freed / 1e9:.1f} GB; {kept}")
+    print(f"gc: removed {len(p.remove)} cache entries, freed {freed / 1e9:.1f} GB; {kept}")
     return 0

@@ -100,12 +100,15 @@ def plan(c: docker.DockerClient, older_than_s: int, all_namespaces: bool = False
     cache = [(t, str(i["Id"])) for i in images for t in _tags(i) if is_cache_tag(t, repos)]
     held = _held(images)
     now = datetime.now(UTC)
+    stamps: dict[str, datetime | None] = {}  # one inspect per image, however many keys tag it
     remove, in_use, recent = [], 0, 0
     for tag, image_id in sorted(cache):
         if image_id in held:
             in_use += 1
             continue
-        tagged = _tagged(c, image_id)
+        if image_id not in stamps:
+            stamps[image_id] = _tagged(c, image_id)
+        tagged = stamps[image_id]
         if tagged is not None and (now - tagged).total_seconds() < older_than_s:
             recent += 1
             continue
@@ -117,13 +120,12 @@ def layers_size(c: docker.DockerClient) -> int:
     return int(c.df().get("LayersSize") or 0)
 
 
-def apply(c: docker.DockerClient, p: Plan) -> int:
-    """Untag each entry (the engine deletes an image left with no tag and no child) and prune untagged
-    nodeforge images; the number of entries removed (one another process removed first counts too)."""
+def apply(c: docker.DockerClient, p: Plan) -> None:
+    """Untag each entry (the engine deletes an image left with no tag and no child; one another process
+    removed first is gone already) and prune untagged nodeforge images."""
     for e in p.remove:
         try:
             c.api.remove_image(e.tag, noprune=False)
         except docker.errors.ImageNotFound:
             pass
     c.images.prune(filters={"dangling": True, "label": "io.nodeforge.image"})
-    return len(p.remove)
